@@ -1,0 +1,114 @@
+/*
+ * Double-double helpers for the per-row scalar work.
+ *
+ * A row's sum of squares is carried as hi + lo so that a float64 row keeps
+ * the few extra bits that the 2-ULP accuracy goal needs; inv_rms is then
+ * refined with one Newton step in double-double. All of this runs once per
+ * row, so it costs nothing next to the memory traffic of the row itself.
+ *
+ * Included by every instruction-set build of the kernels, after its target
+ * pragma, so RMS_HAVE_FMA tells whether fma() is a single instruction.
+ */
+#ifndef RMSNORM_KERNELS_DD_MATH_H
+#define RMSNORM_KERNELS_DD_MATH_H
+
+#include <math.h>
+
+#if defined(__GNUC__)
+#define RMS_ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define RMS_ALWAYS_INLINE static inline
+#endif
+
+typedef struct {
+    double hi, lo;
+} rms_dd;
+
+/* s + err == a + b exactly (Knuth's branch-free two-sum). */
+RMS_ALWAYS_INLINE double rms_two_sum(double a, double b, double *err)
+{
+    double s = a + b;
+    double b_virtual = s - a;
+    *err = (a - (s - b_virtual)) + (b - b_virtual);
+    return s;
+}
+
+/* The rounding error of p = a * b, so that a * b == p + error exactly. */
+RMS_ALWAYS_INLINE double rms_product_error(double a, double b, double p)
+{
+#if RMS_HAVE_FMA
+    return fma(a, b, -p);
+#else
+    /* Dekker's split: without a fused multiply-add, fma() is a slow library
+       call, and this loop must stay vectorisable. */
+    const double splitter = 134217729.0; /* 2^27 + 1 */
+    double ta = splitter * a, a_hi = ta - (ta - a), a_lo = a - a_hi;
+    double tb = splitter * b, b_hi = tb - (tb - b), b_lo = b - b_hi;
+    return ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo;
+#endif
+}
+
+/* Adds a * b into the running sum *sum, its error terms into *comp. */
+RMS_ALWAYS_INLINE void rms_accumulate_exact(double *sum, double *comp, double a, double b)
+{
+    double p = a * b;
+    double p_err = rms_product_error(a, b, p);
+    double s_err;
+    *sum = rms_two_sum(*sum, p, &s_err);
+    *comp += s_err + p_err;
+}
+
+/* Sums `count` lane pairs (sum, comp) in a fixed order. */
+static inline rms_dd rms_dd_sum_lanes(int count, const double *sum, const double *comp)
+{
+    rms_dd total = {0.0, 0.0};
+    for (int k = 0; k < count; k++) {
+        double err;
+        total.hi = rms_two_sum(total.hi, sum[k], &err);
+        total.lo += err + comp[k];
+    }
+    double err;
+    total.hi = rms_two_sum(total.hi, total.lo, &err);
+    total.lo = err;
+    return total;
+}
+
+/* 1 / sqrt(t.hi + t.lo), to about one rounding of the exact value. */
+static inline double rms_dd_rsqrt(rms_dd t)
+{
+    double r = 1.0 / sqrt(t.hi);
+    if (!(t.hi > 0.0) || !(r > 0.0) || isinf(t.hi)) {
+        return r; /* 0, negative, NaN or inf: nothing to refine */
+    }
+    /* Newton step r += r * (1 - t r^2) / 2, with t r^2 formed exactly. */
+    double r2 = r * r;
+    double r2_err = fma(r, r, -r2);
+    double p = t.hi * r2;
+    double p_err = fma(t.hi, r2, -p) + t.hi * r2_err + t.lo * r2;
+    double residual = (1.0 - p) - p_err;
+    return r + r * (0.5 * residual);
+}
+
+/* 1 / sqrt(sum_squares / n + eps), for a sum that neither overflows nor
+   underflows. */
+static inline double rms_inv_rms_from_sum(rms_dd sum_squares, double n, double eps)
+{
+    /* mean = sum / n in double-double: q + the exact remainder over n. */
+    double q = sum_squares.hi / n;
+    double remainder = fma(-q, n, sum_squares.hi) + sum_squares.lo;
+    rms_dd t;
+    double err;
+    t.hi = rms_two_sum(q, eps, &err);
+    t.lo = err + remainder / n;
+    t.hi = rms_two_sum(t.hi, t.lo, &t.lo);
+    return rms_dd_rsqrt(t);
+}
+
+/* Sums of squares outside [2^-900, 2^900] (or NaN) are recomputed on a
+   scaled row: squares of float64 values overflow or lose bits there. */
+RMS_ALWAYS_INLINE int rms_sum_needs_rescale(double sum_squares)
+{
+    return !(sum_squares <= 0x1p900) || sum_squares < 0x1p-900;
+}
+
+#endif

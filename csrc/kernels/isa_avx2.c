@@ -1,0 +1,22 @@
+/* The kernels for x86-64 with AVX2 and FMA, chosen at run time. */
+#include <math.h>
+#include <stddef.h>
+
+#include "rms_norm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma")
+#endif
+
+#define RMS_ISA_SUFFIX avx2
+#define RMS_ISA_TABLE rms_kernels_avx2
+#define RMS_HAVE_FMA 1
+#include "types.inc"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif

@@ -1,0 +1,24 @@
+/* The kernels for x86-64 with AVX-512 (F, BW, DQ, VL), chosen at run time. */
+#include <math.h>
+#include <stddef.h>
+
+#include "rms_norm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma"))), \
+                             apply_to = function)
+#else
+/* GCC prefers 256-bit vectors even where 512 are allowed; ask for 512. */
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,fma,prefer-vector-width=512")
+#endif
+
+#define RMS_ISA_SUFFIX avx512
+#define RMS_ISA_TABLE rms_kernels_avx512
+#define RMS_HAVE_FMA 1
+#include "types.inc"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif

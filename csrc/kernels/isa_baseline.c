@@ -1,0 +1,10 @@
+/* The kernels with no instruction-set assumption: builds everywhere. */
+#include <math.h>
+#include <stddef.h>
+
+#include "rms_norm.h"
+
+#define RMS_ISA_SUFFIX baseline
+#define RMS_ISA_TABLE rms_kernels_baseline
+#define RMS_HAVE_FMA 0
+#include "types.inc"

@@ -1,0 +1,157 @@
+#define _GNU_SOURCE
+#include "thread_pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* Hard cap on threads: a bound for the worker table, far above the rows'
+   useful parallelism on any machine this runs on. */
+#define RMS_MAX_THREADS 256
+
+typedef struct {
+    pthread_mutex_t busy;      /* held by the one caller using the pool */
+    pthread_mutex_t lock;      /* guards everything below */
+    pthread_cond_t work_ready; /* generation changed */
+    pthread_cond_t work_done;  /* pending reached 0 */
+    unsigned long generation;
+    int pending; /* workers still running the current task */
+    int started; /* workers alive */
+    int active;  /* workers taking part in the current task */
+    rms_task task;
+    void *context;
+    /* The generation current when each worker was started: a new worker
+       must not mistake the task it was started for as already seen. */
+    unsigned long start_generation[RMS_MAX_THREADS];
+} rms_pool;
+
+static rms_pool pool = {
+    .busy = PTHREAD_MUTEX_INITIALIZER,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .work_ready = PTHREAD_COND_INITIALIZER,
+    .work_done = PTHREAD_COND_INITIALIZER,
+};
+static atomic_int num_threads; /* 0 until first asked */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* Worker w (1-based thread index) waits for each new generation. */
+static void *worker_main(void *arg)
+{
+    int index = (int)(size_t)arg;
+    pthread_mutex_lock(&pool.lock);
+    unsigned long seen = pool.start_generation[index];
+    for (;;) {
+        while (pool.generation == seen) {
+            pthread_cond_wait(&pool.work_ready, &pool.lock);
+        }
+        seen = pool.generation;
+        if (index >= pool.active) {
+            continue;
+        }
+        rms_task task = pool.task;
+        void *context = pool.context;
+        int count = pool.active;
+        pthread_mutex_unlock(&pool.lock);
+        task(context, index, count);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.pending == 0) {
+            pthread_cond_signal(&pool.work_done);
+        }
+    }
+    return NULL;
+}
+
+/* In a forked child only the forking thread exists: forget the workers
+   and any lock state copied from the parent. */
+static void forget_pool_in_child(void)
+{
+    pthread_mutex_init(&pool.busy, NULL);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.work_ready, NULL);
+    pthread_cond_init(&pool.work_done, NULL);
+    pool.started = 0;
+    pool.pending = 0;
+    pool.active = 0;
+}
+
+static void register_atfork(void) { pthread_atfork(NULL, NULL, forget_pool_in_child); }
+
+static int cpus_available(void)
+{
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        int count = CPU_COUNT(&set);
+        if (count > 0) {
+            return count;
+        }
+    }
+#endif
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 ? (int)online : 1;
+}
+
+static int clamp_threads(long n)
+{
+    if (n < 1) {
+        return 1;
+    }
+    return n > RMS_MAX_THREADS ? RMS_MAX_THREADS : (int)n;
+}
+
+int rms_pool_get_num_threads(void)
+{
+    int n = atomic_load(&num_threads);
+    if (n == 0) {
+        const char *env = getenv("RMSNORM_NUM_THREADS");
+        char *end = NULL;
+        long requested = env ? strtol(env, &end, 10) : 0;
+        int valid = env && end != env && *end == '\0' && requested > 0;
+        n = clamp_threads(valid ? requested : cpus_available());
+        atomic_store(&num_threads, n);
+    }
+    return n;
+}
+
+void rms_pool_set_num_threads(int n) { atomic_store(&num_threads, clamp_threads(n)); }
+
+void rms_pool_run(rms_task task, void *context, int max_threads)
+{
+    int allowed = rms_pool_get_num_threads();
+    int want = max_threads < allowed ? max_threads : allowed;
+    if (want <= 1 || pthread_mutex_trylock(&pool.busy) != 0) {
+        task(context, 0, 1);
+        return;
+    }
+    pthread_once(&atfork_once, register_atfork);
+    pthread_mutex_lock(&pool.lock);
+    while (pool.started < want - 1) {
+        int index = pool.started + 1;
+        pthread_t worker;
+        pool.start_generation[index] = pool.generation;
+        if (pthread_create(&worker, NULL, worker_main, (void *)(size_t)index) != 0) {
+            break;
+        }
+        pthread_detach(worker);
+        pool.started++;
+    }
+    int count = pool.started + 1 < want ? pool.started + 1 : want;
+    pool.task = task;
+    pool.context = context;
+    pool.active = count;
+    pool.pending = count - 1;
+    pool.generation++;
+    pthread_cond_broadcast(&pool.work_ready);
+    pthread_mutex_unlock(&pool.lock);
+
+    task(context, 0, count);
+
+    pthread_mutex_lock(&pool.lock);
+    while (pool.pending > 0) {
+        pthread_cond_wait(&pool.work_done, &pool.lock);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    pthread_mutex_unlock(&pool.busy);
+}
