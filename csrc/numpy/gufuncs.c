@@ -1,0 +1,197 @@
+/*
+ * The gufuncs: a descriptor table (name, signature, doc, loop) and one loop
+ * per gufunc that unpacks NumPy's dimensions and steps into a kernel
+ * problem. The loops run with the GIL released and touch no Python object.
+ */
+#include "gufuncs.h"
+
+#include <fenv.h>
+
+#include "../kernels/rms_norm.h"
+#include "numpy_api.h"
+
+/* One row per element type: the NumPy dtypes of that type's operands. */
+typedef struct {
+    rms_type type;
+    int x;      /* x, y, grad_output, grad_input */
+    int weight; /* weight, grad_weight */
+    int eps;
+} loop_dtypes;
+
+static const loop_dtypes loop_table[] = {
+    {RMS_FLOAT32, NPY_FLOAT, NPY_FLOAT, NPY_FLOAT},
+    {RMS_FLOAT64, NPY_DOUBLE, NPY_DOUBLE, NPY_DOUBLE},
+};
+#define NUM_LOOPS ((int)(sizeof(loop_table) / sizeof(loop_table[0])))
+
+/*
+ * The kernels' intermediate steps may raise floating-point flags that say
+ * nothing about the result (an error term of an overflowing square, which
+ * the rescaled path then replaces), and worker threads' flags never reach
+ * NumPy at all. So the loops report none: special values show in the
+ * output, as in torch.
+ */
+static void discard_fp_flags(void) { feclearexcept(FE_ALL_EXCEPT); }
+
+/* forward: (n),(n),()->(n) */
+static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const *steps,
+                         void *data)
+{
+    const loop_dtypes *dtypes = data;
+    rms_forward_problem problem = {
+        .n = dimensions[1],
+        .x = {args[0], steps[0], steps[4]},
+        .weight = {args[1], steps[1], steps[5]},
+        .eps = args[2],
+        .eps_stride = steps[2],
+        .y = {args[3], steps[3], steps[6]},
+    };
+    rms_norm_forward(dtypes->type, &problem, dimensions[0]);
+    discard_fp_flags();
+}
+
+/* backward: (m,n),(m,n),(n),()->(m,n),(n) */
+static void backward_loop(char **args, npy_intp const *dimensions, npy_intp const *steps,
+                          void *data)
+{
+    const loop_dtypes *dtypes = data;
+    const rms_kernels *kernels = rms_kernels_for(dtypes->type);
+    const npy_intp outer = dimensions[0], m = dimensions[1], n = dimensions[2];
+    /* steps: 6 outer strides, then the core strides operand by operand */
+    const npy_intp *core = steps + 6;
+    for (npy_intp o = 0; o < outer; o++) {
+        rms_backward_problem problem = {
+            .n = n,
+            .grad_out = {args[0] + o * steps[0], core[0], core[1]},
+            .x = {args[1] + o * steps[1], core[2], core[3]},
+            .weight = args[2] + o * steps[2],
+            .weight_stride = core[4],
+            .eps = kernels->load_eps(args[3] + o * steps[3]),
+            .grad_in = {args[4] + o * steps[4], core[5], core[6]},
+        };
+        if (rms_norm_backward(dtypes->type, &problem, m, args[5] + o * steps[5], core[7]) != 0) {
+            NPY_ALLOW_C_API_DEF
+            NPY_ALLOW_C_API
+            PyErr_NoMemory();
+            NPY_DISABLE_C_API
+            break;
+        }
+    }
+    discard_fp_flags();
+}
+
+static void forward_dtypes(const loop_dtypes *d, char *types)
+{
+    const int row[] = {d->x, d->weight, d->eps, d->x};
+    for (size_t i = 0; i < sizeof(row) / sizeof(row[0]); i++) {
+        types[i] = (char)row[i];
+    }
+}
+
+static void backward_dtypes(const loop_dtypes *d, char *types)
+{
+    const int row[] = {d->x, d->x, d->weight, d->eps, d->x, d->weight};
+    for (size_t i = 0; i < sizeof(row) / sizeof(row[0]); i++) {
+        types[i] = (char)row[i];
+    }
+}
+
+#define MAX_OPERANDS 6
+
+typedef struct {
+    const char *name;
+    const char *signature;
+    int nin, nout;
+    PyUFuncGenericFunction loop;
+    void (*operand_dtypes)(const loop_dtypes *, char *types);
+    const char *doc;
+} gufunc_descriptor;
+
+static const gufunc_descriptor gufuncs[] = {
+    {"forward", "(n),(n),()->(n)", 3, 1, forward_loop, forward_dtypes,
+     "forward(x, weight, eps, /, out=None, *, axes=None, dtype=None, casting='same_kind', ...)\n"
+     "\n"
+     "RMSNorm of each row of x, as a NumPy generalized ufunc.\n"
+     "\n"
+     "Signature (n),(n),()->(n): over the last axis (the core dimension n),\n"
+     "\n"
+     "    inv_rms = 1 / sqrt(mean(x**2) + eps)\n"
+     "    y       = x * inv_rms * weight\n"
+     "\n"
+     "All other axes broadcast as in any ufunc, so weight and eps may also\n"
+     "differ per row. Sums are taken in a wider type (double for float32) and\n"
+     "the result is rounded once. eps is not optional here: rmsnorm.rms_norm\n"
+     "fills in torch's default (the machine epsilon of the compute type).\n"
+     "\n"
+     "Parameters\n"
+     "----------\n"
+     "x : array_like, (..., n), float32 or float64\n"
+     "weight : array_like, (..., n), the gain (ones for plain normalisation)\n"
+     "eps : array_like, (...), added to mean(x**2); float32 for float32 x\n"
+     "\n"
+     "Returns\n"
+     "-------\n"
+     "y : ndarray, (..., n), in x's dtype\n"
+     "\n"
+     "Examples\n"
+     "--------\n"
+     ">>> import numpy as np, rmsnorm\n"
+     ">>> rmsnorm.forward(np.array([3.0, 4.0]), np.ones(2), 0.0)\n"
+     "array([0.84852814, 1.13137085])\n"},
+    {"backward", "(m,n),(m,n),(n),()->(m,n),(n)", 4, 2, backward_loop, backward_dtypes,
+     "backward(grad_output, x, weight, eps, /, out=(None, None), *, axes=None, ...)\n"
+     "\n"
+     "Gradients of rmsnorm.forward, as a NumPy generalized ufunc.\n"
+     "\n"
+     "Signature (m,n),(m,n),(n),()->(m,n),(n): for m rows of length n that\n"
+     "share one weight, with x_hat = x * inv_rms and g = grad_output * weight,\n"
+     "\n"
+     "    grad_input  = inv_rms * (g - x_hat * mean(g * x_hat))   per row\n"
+     "    grad_weight = sum over the m rows of grad_output * x_hat\n"
+     "\n"
+     "grad_weight is summed inside the loop, never stored per row, and is the\n"
+     "same bytes for any number of threads.\n"
+     "\n"
+     "Returns\n"
+     "-------\n"
+     "grad_input : ndarray, (..., m, n), in x's dtype\n"
+     "grad_weight : ndarray, (..., n), in weight's dtype\n"
+     "\n"
+     "Examples\n"
+     "--------\n"
+     ">>> import numpy as np, rmsnorm\n"
+     ">>> x = np.array([[3.0, 4.0]])\n"
+     ">>> grad_input, grad_weight = rmsnorm.backward(np.ones((1, 2)), x, np.ones(2), 0.0)\n"
+     ">>> grad_weight\n"
+     "array([0.84852814, 1.13137085])\n"},
+};
+#define NUM_GUFUNCS ((int)(sizeof(gufuncs) / sizeof(gufuncs[0])))
+
+/* NumPy keeps pointers to these for the life of the process. */
+static PyUFuncGenericFunction loop_functions[NUM_GUFUNCS][NUM_LOOPS];
+static void *loop_data[NUM_GUFUNCS][NUM_LOOPS];
+static char loop_types[NUM_GUFUNCS][NUM_LOOPS * MAX_OPERANDS];
+
+int rms_add_gufuncs(PyObject *module)
+{
+    for (int g = 0; g < NUM_GUFUNCS; g++) {
+        const gufunc_descriptor *d = &gufuncs[g];
+        const int operands = d->nin + d->nout;
+        for (int t = 0; t < NUM_LOOPS; t++) {
+            loop_functions[g][t] = d->loop;
+            loop_data[g][t] = (void *)&loop_table[t];
+            d->operand_dtypes(&loop_table[t], &loop_types[g][t * operands]);
+        }
+        PyObject *ufunc = PyUFunc_FromFuncAndDataAndSignature(
+            loop_functions[g], loop_data[g], loop_types[g], NUM_LOOPS, d->nin, d->nout,
+            PyUFunc_None, d->name, d->doc, 0, d->signature);
+        if (ufunc == NULL) {
+            return -1;
+        }
+        if (PyModule_AddObject(module, d->name, ufunc) < 0) {
+            Py_DECREF(ufunc);
+            return -1;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,11 @@
+/* The NumPy side: gufunc loops over the C kernels, and their registration. */
+#ifndef RMSNORM_NUMPY_GUFUNCS_H
+#define RMSNORM_NUMPY_GUFUNCS_H
+
+#include <Python.h>
+
+/* Creates the `forward` and `backward` gufuncs and adds them to `module`.
+   Returns 0, or -1 with an exception set. */
+int rms_add_gufuncs(PyObject *module);
+
+#endif

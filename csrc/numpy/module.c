@@ -1,0 +1,122 @@
+/* rmsnorm._core: imports NumPy, adds the gufuncs and the thread controls. */
+#define RMS_IMPORTS_NUMPY
+#include "numpy_api.h"
+
+#include <string.h>
+
+#include "../kernels/rms_norm.h"
+#include "../kernels/thread_pool.h"
+#include "gufuncs.h"
+
+static PyObject *set_num_threads(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+        return PyErr_Format(PyExc_TypeError,
+                            "set_num_threads() expects an int number of threads, got %.100s",
+                            Py_TYPE(arg)->tp_name);
+    }
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (overflow < 0 || (overflow == 0 && n < 1)) {
+        return PyErr_Format(PyExc_ValueError,
+                            "set_num_threads() expects a positive number of threads, got %R", arg);
+    }
+    /* Past the pool's cap (256) more threads cannot help: clamp. */
+    rms_pool_set_num_threads(overflow > 0 || n > 1 << 20 ? 1 << 20 : (int)n);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_num_threads(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(rms_pool_get_num_threads());
+}
+
+static PyObject *isa_info(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    PyObject *supported = PyList_New(0);
+    if (supported == NULL) {
+        return NULL;
+    }
+    for (int isa = 0; isa < RMS_NUM_ISAS; isa++) {
+        if (rms_isa_supported((rms_isa)isa)) {
+            PyObject *name = PyUnicode_FromString(rms_isa_name((rms_isa)isa));
+            if (name == NULL || PyList_Append(supported, name) < 0) {
+                Py_XDECREF(name);
+                Py_DECREF(supported);
+                return NULL;
+            }
+            Py_DECREF(name);
+        }
+    }
+    return Py_BuildValue("sN", rms_isa_name(rms_active_isa()), supported);
+}
+
+static PyObject *set_isa(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *requested = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (requested == NULL) {
+        return PyErr_Format(PyExc_TypeError, "_set_isa() expects a str");
+    }
+    for (int isa = 0; isa < RMS_NUM_ISAS; isa++) {
+        if (strcmp(requested, rms_isa_name((rms_isa)isa)) == 0) {
+            if (!rms_force_isa((rms_isa)isa)) {
+                return PyErr_Format(PyExc_ValueError, "this CPU cannot run the %s kernels",
+                                    requested);
+            }
+            Py_RETURN_NONE;
+        }
+    }
+    return PyErr_Format(PyExc_ValueError, "unknown instruction set %R", arg);
+}
+
+static PyMethodDef methods[] = {
+    {"set_num_threads", set_num_threads, METH_O,
+     "set_num_threads(n, /)\n\n"
+     "Use at most n threads (n >= 1) in each forward or backward call.\n"
+     "Results are the same bytes for any n. The default is the environment\n"
+     "variable RMSNORM_NUM_THREADS, else the number of CPUs this process may\n"
+     "run on; values past 256 are clamped."},
+    {"get_num_threads", get_num_threads, METH_NOARGS,
+     "get_num_threads()\n\nThe most threads a forward or backward call uses."},
+    {"_isa", isa_info, METH_NOARGS,
+     "_isa() -> (active, supported)\n\n"
+     "The instruction set the kernels run on, and those this CPU supports."},
+    {"_set_isa", set_isa, METH_O,
+     "_set_isa(name, /)\n\n"
+     "Runs the kernels on another supported instruction set (for tests).\n"
+     "At start-up, the environment variable RMSNORM_ISA does the same."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "rmsnorm._core",
+    .m_doc = "RMSNorm forward and backward as NumPy generalized ufuncs.",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    import_array();
+    import_umath();
+    rms_select_isa();
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (rms_add_gufuncs(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
