@@ -1,0 +1,181 @@
+"""The functional API: torch.nn.functional.rms_norm's contract over the gufuncs.
+
+This layer validates and folds shapes; the arithmetic is all in C. Shape
+errors are ``ValueError`` with torch's own texts (torch raises RuntimeError
+for them); dtype and argument-type errors are ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import numpy as np
+
+from ._core import backward, forward
+
+# The compute type decides eps=None: float64 for float64 inputs, float32 for
+# the rest (torch's "opmath" type).
+_DEFAULT_EPS = {
+    np.dtype(np.float32): float(np.finfo(np.float32).eps),
+    np.dtype(np.float64): float(np.finfo(np.float64).eps),
+}
+_EPS_TYPE = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
+
+
+def _as_array(obj):
+    """ndarrays and duck arrays (dask, ...) as they are, anything else via NumPy.
+
+    Duck arrays that implement ``__array_ufunc__`` reach the gufunc intact, so
+    it dispatches to them exactly as a NumPy ufunc would.
+    """
+    if isinstance(obj, np.ndarray) or (
+        hasattr(obj, "__array_ufunc__") and hasattr(obj, "shape") and hasattr(obj, "dtype")
+    ):
+        return obj
+    return np.asarray(obj)
+
+
+def _compute_dtype(array, what: str) -> np.dtype:
+    """The native dtype of the loop for ``array``, or TypeError naming its dtype."""
+    dtype = np.dtype(array.dtype)
+    native = dtype.newbyteorder("=")
+    if native not in _DEFAULT_EPS:
+        raise TypeError(
+            f'"rms_norm" not implemented for {what} dtype {dtype}: '
+            "expected a floating-point array (float32 or float64)"
+        )
+    return native
+
+
+def normalized_shape_tuple(normalized_shape) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple of ints, as torch.nn.RMSNorm stores it."""
+    if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
+        return (int(normalized_shape),)
+    if isinstance(normalized_shape, (str, bytes)) or not hasattr(normalized_shape, "__iter__"):
+        raise TypeError(
+            "normalized_shape must be an int or a sequence of ints, "
+            f"got {type(normalized_shape).__name__}"
+        )
+    shape = tuple(normalized_shape)
+    for size in shape:
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool):
+            raise TypeError(
+                "normalized_shape must be an int or a sequence of ints, "
+                f"got an element of type {type(size).__name__}"
+            )
+    return tuple(int(size) for size in shape)
+
+
+def _torch_list(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _resolve_eps(eps, dtype: np.dtype):
+    """eps as the loop's eps type: None is the compute type's machine epsilon,
+    and a given eps is rounded to float32 unless the input is float64."""
+    if eps is None:
+        return _EPS_TYPE[dtype](_DEFAULT_EPS[dtype])
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
+    return _EPS_TYPE[dtype](eps)
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_weight(n: int, dtype: np.dtype) -> np.ndarray:
+    # A stride-0 row of ones: multiplying by 1 is exact, so this is the
+    # unweighted norm without a second code path or an n-sized allocation.
+    return np.broadcast_to(np.ones(1, dtype), (n,))
+
+
+def _prepare(input, normalized_shape, weight, eps):
+    """Validates the arguments and folds the normalised dims into one.
+
+    Returns (x, dtype, batch_shape, n, weight_row, eps, shape).
+    """
+    x = _as_array(input)
+    dtype = _compute_dtype(x, "input")
+    shape = normalized_shape_tuple(normalized_shape)
+    if not shape:
+        raise ValueError(
+            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+            f"least one element, but got normalized_shape = {_torch_list(shape)}"
+        )
+    if weight is not None:
+        weight = _as_array(weight)
+        if tuple(weight.shape) != shape:
+            raise ValueError(
+                "Expected weight to be of same shape as normalized_shape, but got weight of "
+                f"shape {_torch_list(weight.shape)} and normalized_shape = {_torch_list(shape)}"
+            )
+        _compute_dtype(weight, "weight")
+    k = len(shape)
+    if x.ndim < k or tuple(x.shape[x.ndim - k :]) != shape:
+        raise ValueError(
+            f"Given normalized_shape={_torch_list(shape)}, expected input with shape "
+            f"[*{', '.join(str(s) for s in shape)}], but got input of size{_torch_list(x.shape)}"
+        )
+    n = math.prod(shape)
+    batch_shape = tuple(x.shape[: x.ndim - k])
+    if weight is None:
+        weight_row = _unit_weight(n, dtype)
+    else:
+        weight_row = weight.reshape(n) if k > 1 else weight
+    return x, dtype, batch_shape, n, weight_row, _resolve_eps(eps, dtype), shape
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """RMSNorm over the last ``len(normalized_shape)`` dimensions of ``input``.
+
+    Mirrors ``torch.nn.functional.rms_norm``::
+
+        y = input / sqrt(mean(input**2) + eps) * weight
+
+    ``eps=None`` is the machine epsilon of the compute type (float32's for
+    float32 input, float64's for float64). The result has ``input``'s dtype.
+
+    >>> import numpy as np, rmsnorm
+    >>> rmsnorm.rms_norm(np.array([[3.0, 4.0]]), 2, eps=0.0)
+    array([[0.84852814, 1.13137085]])
+    """
+    x, dtype, batch_shape, n, weight_row, eps, shape = _prepare(
+        input, normalized_shape, weight, eps
+    )
+    if len(shape) == 1:
+        return forward(x, weight_row, eps, dtype=dtype)
+    y = forward(x.reshape(batch_shape + (n,)), weight_row, eps, dtype=dtype)
+    return y.reshape(x.shape)
+
+
+def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=None):
+    """Gradients of :func:`rms_norm`: ``(grad_input, grad_weight)``.
+
+    ``grad_weight`` is summed over every batch dimension, in the weight's
+    shape, or None when ``weight`` is None. The arguments are those of the
+    forward call, plus ``grad_output`` in the output's shape.
+
+    >>> import numpy as np, rmsnorm
+    >>> x = np.array([[3.0, 4.0]])
+    >>> grad_input, grad_weight = rmsnorm.rms_norm_backward(np.ones((1, 2)), x, 2, np.ones(2), 0.0)
+    >>> grad_weight
+    array([0.84852814, 1.13137085])
+    """
+    x, dtype, batch_shape, n, weight_row, eps, shape = _prepare(
+        input, normalized_shape, weight, eps
+    )
+    grad = _as_array(grad_output)
+    _compute_dtype(grad, "grad_output")
+    if tuple(grad.shape) != tuple(x.shape):
+        raise ValueError(
+            f"Mismatch in shape: grad_output has a shape of {tuple(grad.shape)} "
+            f"and input has a shape of {tuple(x.shape)}"
+        )
+    rows = (math.prod(batch_shape), n)
+    grad_input, grad_weight = backward(
+        grad.reshape(rows), x.reshape(rows), weight_row, eps, dtype=dtype
+    )
+    grad_input = grad_input.reshape(x.shape)
+    if weight is None:
+        return grad_input, None
+    return grad_input, grad_weight.reshape(shape)
