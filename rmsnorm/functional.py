@@ -111,7 +111,9 @@ def _prepare(input, normalized_shape, weight, eps):
             )
         _compute_dtype(weight, "weight")
     k = len(shape)
-    if x.ndim < k or tuple(x.shape[x.ndim - k :]) != shape:
+    if x.ndim < k:
+        raise ValueError(f"Input tensor must have at least {k} dimensions, but got {x.ndim}")
+    if tuple(x.shape[x.ndim - k :]) != shape:
         raise ValueError(
             f"Given normalized_shape={_torch_list(shape)}, expected input with shape "
             f"[*{', '.join(str(s) for s in shape)}], but got input of size{_torch_list(x.shape)}"
