@@ -1,0 +1,30 @@
+"""Shared fixtures. The assertions themselves live in ``closeness.py``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+# Make ``import closeness`` work whatever pytest's import mode is.
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+
+@pytest.fixture
+def rng():
+    """A fresh, seeded generator per test, so every test is reproducible alone."""
+    return np.random.default_rng(20240613)
+
+
+@pytest.fixture
+def restore_num_threads():
+    """Puts the thread count back after a test that changes it."""
+    import rmsnorm
+
+    before = rmsnorm.get_num_threads()
+    yield
+    rmsnorm.set_num_threads(before)

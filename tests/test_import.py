@@ -1,0 +1,89 @@
+"""``import rmsnorm`` and ``python -m rmsnorm`` need no torch.
+
+Each check runs a fresh interpreter in which ``import torch`` fails
+(``sys.modules['torch'] = None`` before anything else runs), as if torch
+were not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import rmsnorm
+
+# The directory that holds the rmsnorm package being tested, so that the
+# subprocess imports the same build (in-place or installed).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(rmsnorm.__file__)))
+
+BLOCK_TORCH = textwrap.dedent("""\
+    import sys
+    sys.modules["torch"] = None  # any "import torch" now raises ImportError
+    """)
+
+
+def run_python(code, timeout=120):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=PACKAGE_PARENT)
+
+
+def test_torch_blocker_really_blocks_torch():
+    result = run_python(BLOCK_TORCH + "import torch\n")
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr or "ModuleNotFoundError" in result.stderr
+
+
+def test_import_rmsnorm_works_without_torch():
+    code = BLOCK_TORCH + textwrap.dedent("""\
+        import numpy as np
+        import rmsnorm
+        assert isinstance(rmsnorm.forward, np.ufunc)
+        assert rmsnorm.forward.signature == "(n),(n),()->(n)"
+        assert rmsnorm.backward.signature == "(m,n),(m,n),(n),()->(m,n),(n)"
+        module = rmsnorm.RMSNorm(3)
+        y = module(np.array([[3.0, 0.0, 4.0]], np.float32))
+        # rms of [3, 0, 4] is sqrt(25 / 3)
+        assert np.allclose(y, np.array([3.0, 0.0, 4.0]) / np.sqrt(25.0 / 3.0), rtol=1e-6)
+        module.backward(np.ones((1, 3), np.float32))
+        module.load_state_dict({"weight": [1.0, 2.0, 3.0]})
+        print("OK", rmsnorm.__version__)
+        """)
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("OK")
+
+
+def test_import_rmsnorm_does_not_import_torch():
+    result = run_python("import sys, rmsnorm\nprint('torch' in sys.modules)\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_demo_runs_without_torch_and_says_so():
+    code = BLOCK_TORCH + textwrap.dedent("""\
+        import runpy
+        sys.argv = ["rmsnorm"]
+        runpy.run_module("rmsnorm", run_name="__main__", alter_sys=True)
+        """)
+    result = run_python(code)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "torch" in result.stdout.lower(), "the demo should say that torch is not installed"
+
+
+def test_demo_runs_with_torch():
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, "-m", "rmsnorm"], capture_output=True, text=True,
+                            timeout=120, cwd=PACKAGE_PARENT,
+                            env={**os.environ, "PYTHONPATH": PACKAGE_PARENT})
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_version_is_a_non_empty_string():
+    assert isinstance(rmsnorm.__version__, str)
+    assert rmsnorm.__version__.strip()
