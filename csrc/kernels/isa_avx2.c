@@ -13,6 +13,7 @@
 
 #define RMS_ISA_SUFFIX avx2
 #define RMS_ISA_TABLE rms_kernels_avx2
+#define RMS_LANES 32
 #define RMS_HAVE_FMA 1
 #include "types.inc"
 

@@ -15,6 +15,7 @@
 
 #define RMS_ISA_SUFFIX avx512
 #define RMS_ISA_TABLE rms_kernels_avx512
+#define RMS_LANES 64
 #define RMS_HAVE_FMA 1
 #include "types.inc"
 
