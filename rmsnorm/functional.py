@@ -14,14 +14,7 @@ import numbers
 import numpy as np
 
 from ._core import backward, forward
-
-# The compute type decides eps=None: float64 for float64 inputs, float32 for
-# the rest (torch's "opmath" type).
-_DEFAULT_EPS = {
-    np.dtype(np.float32): float(np.finfo(np.float32).eps),
-    np.dtype(np.float64): float(np.finfo(np.float64).eps),
-}
-_EPS_TYPE = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
+from ._dtypes import DEFAULT_EPS, EPS_DTYPE, WEIGHT_DTYPES, loop_weight_dtype
 
 
 def _as_array(obj):
@@ -41,10 +34,11 @@ def _compute_dtype(array, what: str) -> np.dtype:
     """The native dtype of the loop for ``array``, or TypeError naming its dtype."""
     dtype = np.dtype(array.dtype)
     native = dtype.newbyteorder("=")
-    if native not in _DEFAULT_EPS:
+    if native not in WEIGHT_DTYPES:
+        names = ", ".join(str(d) for d in WEIGHT_DTYPES)
         raise TypeError(
             f'"rms_norm" not implemented for {what} dtype {dtype}: '
-            "expected a floating-point array (float32 or float64)"
+            f"expected a floating-point array ({names})"
         )
     return native
 
@@ -76,10 +70,10 @@ def _resolve_eps(eps, dtype: np.dtype):
     """eps as the loop's eps type: None is the compute type's machine epsilon,
     and a given eps is rounded to float32 unless the input is float64."""
     if eps is None:
-        return _EPS_TYPE[dtype](_DEFAULT_EPS[dtype])
+        return EPS_DTYPE[dtype].type(DEFAULT_EPS[dtype])
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    return _EPS_TYPE[dtype](eps)
+    return EPS_DTYPE[dtype].type(eps)
 
 
 @functools.lru_cache(maxsize=64)
@@ -92,7 +86,8 @@ def _unit_weight(n: int, dtype: np.dtype) -> np.ndarray:
 def _prepare(input, normalized_shape, weight, eps):
     """Validates the arguments and folds the normalised dims into one.
 
-    Returns (x, dtype, batch_shape, n, weight_row, eps, shape).
+    Returns (x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype):
+    weight_dtype is that of the loop to call.
     """
     x = _as_array(input)
     dtype = _compute_dtype(x, "input")
@@ -109,7 +104,9 @@ def _prepare(input, normalized_shape, weight, eps):
                 "Expected weight to be of same shape as normalized_shape, but got weight of "
                 f"shape {_torch_list(weight.shape)} and normalized_shape = {_torch_list(shape)}"
             )
-        _compute_dtype(weight, "weight")
+        weight_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
+    else:
+        weight_dtype = dtype
     k = len(shape)
     if x.ndim < k:
         raise ValueError(f"Input tensor must have at least {k} dimensions, but got {x.ndim}")
@@ -124,7 +121,8 @@ def _prepare(input, normalized_shape, weight, eps):
         weight_row = _unit_weight(n, dtype)
     else:
         weight_row = weight.reshape(n) if k > 1 else weight
-    return x, dtype, batch_shape, n, weight_row, _resolve_eps(eps, dtype), shape
+    eps = _resolve_eps(eps, dtype)
+    return x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -134,19 +132,22 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
 
         y = input / sqrt(mean(input**2) + eps) * weight
 
-    ``eps=None`` is the machine epsilon of the compute type (float32's for
-    float32 input, float64's for float64). The result has ``input``'s dtype.
+    ``eps=None`` is the machine epsilon of the compute type (float64's for
+    float64 input, float32's for the rest). The result has ``input``'s dtype.
+    A float32 weight with float16 or bfloat16 input, or a float64 weight with
+    float32 input, is used as it is, as torch does in mixed precision.
 
     >>> import numpy as np, rmsnorm
     >>> rmsnorm.rms_norm(np.array([[3.0, 4.0]]), 2, eps=0.0)
     array([[0.84852814, 1.13137085]])
     """
-    x, dtype, batch_shape, n, weight_row, eps, shape = _prepare(
+    x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype = _prepare(
         input, normalized_shape, weight, eps
     )
+    signature = (dtype, weight_dtype, eps.dtype, dtype)
     if len(shape) == 1:
-        return forward(x, weight_row, eps, dtype=dtype)
-    y = forward(x.reshape(batch_shape + (n,)), weight_row, eps, dtype=dtype)
+        return forward(x, weight_row, eps, signature=signature)
+    y = forward(x.reshape(batch_shape + (n,)), weight_row, eps, signature=signature)
     return y.reshape(x.shape)
 
 
@@ -163,7 +164,7 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
     >>> grad_weight
     array([0.84852814, 1.13137085])
     """
-    x, dtype, batch_shape, n, weight_row, eps, shape = _prepare(
+    x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype = _prepare(
         input, normalized_shape, weight, eps
     )
     grad = _as_array(grad_output)
@@ -174,10 +175,13 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
             f"and input has a shape of {tuple(x.shape)}"
         )
     rows = (math.prod(batch_shape), n)
+    signature = (dtype, dtype, weight_dtype, eps.dtype, dtype, weight_dtype)
     grad_input, grad_weight = backward(
-        grad.reshape(rows), x.reshape(rows), weight_row, eps, dtype=dtype
+        grad.reshape(rows), x.reshape(rows), weight_row, eps, signature=signature
     )
     grad_input = grad_input.reshape(x.shape)
     if weight is None:
         return grad_input, None
-    return grad_input, grad_weight.reshape(shape)
+    # torch gives each gradient its tensor's dtype, also where the loop's
+    # weight dtype differs (a float16 weight with float32 input, say).
+    return grad_input, grad_weight.reshape(shape).astype(weight_row.dtype, copy=False)

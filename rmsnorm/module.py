@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._dtypes import WEIGHT_DTYPES, resolve_dtype
 from .functional import normalized_shape_tuple, rms_norm, rms_norm_backward
 
 
@@ -34,9 +35,11 @@ class RMSNorm:
         self.elementwise_affine = elementwise_affine
         self.weight = None
         if elementwise_affine:
-            self.weight = np.empty(self.normalized_shape, np.float32 if dtype is None else dtype)
-            if self.weight.dtype.kind != "f":
-                raise TypeError(f"RMSNorm's dtype must be floating point, got {self.weight.dtype}")
+            weight_dtype = np.dtype(np.float32) if dtype is None else resolve_dtype(dtype)
+            if weight_dtype not in WEIGHT_DTYPES:
+                names = ", ".join(str(d) for d in WEIGHT_DTYPES)
+                raise TypeError(f"RMSNorm's dtype must be one of {names}, got {weight_dtype}")
+            self.weight = np.empty(self.normalized_shape, weight_dtype)
         self.weight_grad = None
         self._input = None
         self.reset_parameters()
@@ -95,7 +98,7 @@ class RMSNorm:
                     f"size mismatch for weight: copying a param with shape {value.shape} from "
                     f"checkpoint, the shape in current model is {self.weight.shape}."
                 )
-            elif value.dtype.kind not in "fiu":
+            elif value.dtype.kind not in "fiu" and value.dtype not in WEIGHT_DTYPES:
                 problems.append(f"weight must be a real array, got dtype {value.dtype}")
         if problems:
             raise ValueError("Error(s) in loading state_dict for RMSNorm: " + "; ".join(problems))

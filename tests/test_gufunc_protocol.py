@@ -310,20 +310,30 @@ def test_backward_dtype_float64_upcasts_float32_operands():
     assert_bitwise_equal(gw, gw64, "grad_weight with dtype=float64")
 
 
-def test_mixed_float32_and_float64_promote_to_float64():
+def test_float64_weight_with_float32_input_keeps_float32_output():
+    # torch's mixed precision: the output has the input's dtype.
     x = make_rows((2, 5), np.float32)
     weight = make_rows((5,), np.float64, seed=1)
     y = rmsnorm.forward(x, weight, 1e-5)
+    assert y.dtype == np.float32
+    expected = rmsnorm.forward(x.astype(np.float64), weight, np.float64(np.float32(1e-5)))
+    assert_bitwise_equal(y, expected.astype(np.float32), "rounded once from float64")
+
+
+def test_float32_weight_with_float64_input_promotes_to_float64():
+    x = make_rows((2, 5), np.float64)
+    weight = make_rows((5,), np.float32, seed=1)
+    y = rmsnorm.forward(x, weight, 1e-5)
     assert y.dtype == np.float64
-    assert_bitwise_equal(y, rmsnorm.forward(x.astype(np.float64), weight, 1e-5), "promoted")
+    assert_bitwise_equal(y, rmsnorm.forward(x, weight.astype(np.float64), 1e-5), "promoted")
 
 
 def test_casting_no_rejects_mixed_dtypes():
-    x = make_rows((2, 5), np.float32)
+    x = make_rows((2, 5), np.float64)
     with pytest.raises(TypeError):
-        rmsnorm.forward(x, np.ones(5, np.float64), np.float32(1e-5), casting="no")
+        rmsnorm.forward(x, np.ones(5, np.float32), np.float64(1e-5), casting="no")
     with pytest.raises(TypeError):
-        rmsnorm.backward(x, x, np.ones(5, np.float64), np.float32(1e-5), casting="no")
+        rmsnorm.backward(x, x, np.ones(5, np.float32), np.float64(1e-5), casting="no")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

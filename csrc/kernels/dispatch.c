@@ -20,7 +20,8 @@ static int always(void) { return 1; }
 static int cpu_has_avx2(void)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 }
 
 static int cpu_has_avx512(void)
@@ -28,7 +29,7 @@ static int cpu_has_avx512(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("fma");
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 #endif
 

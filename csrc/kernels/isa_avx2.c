@@ -6,14 +6,15 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 #define RMS_ISA_SUFFIX avx2
 #define RMS_ISA_TABLE rms_kernels_avx2
 #define RMS_LANES 32
+#define RMS_HAVE_F16C 1
 #define RMS_HAVE_FMA 1
 #include "types.inc"
 

@@ -6,16 +6,17 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,f16c"))), \
                              apply_to = function)
 #else
 /* GCC prefers 256-bit vectors even where 512 are allowed; ask for 512. */
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,fma,prefer-vector-width=512")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,fma,f16c,prefer-vector-width=512")
 #endif
 
 #define RMS_ISA_SUFFIX avx512
 #define RMS_ISA_TABLE rms_kernels_avx512
 #define RMS_LANES 64
+#define RMS_HAVE_F16C 1
 #define RMS_HAVE_FMA 1
 #include "types.inc"
 

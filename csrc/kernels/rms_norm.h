@@ -63,6 +63,11 @@ typedef struct {
 typedef enum {
     RMS_FLOAT32,
     RMS_FLOAT64,
+    RMS_FLOAT16,
+    RMS_BFLOAT16,
+    RMS_FLOAT16_WEIGHT32,  /* float16 x, float32 weight */
+    RMS_BFLOAT16_WEIGHT32, /* bfloat16 x, float32 weight */
+    RMS_FLOAT32_WEIGHT64,  /* float32 x, float64 weight */
     RMS_NUM_TYPES
 } rms_type;
 

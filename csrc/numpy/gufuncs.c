@@ -6,6 +6,7 @@
 #include "gufuncs.h"
 
 #include <fenv.h>
+#include <string.h>
 
 #include "../kernels/rms_norm.h"
 #include "numpy_api.h"
@@ -18,8 +19,14 @@ typedef struct {
     int eps;
 } loop_dtypes;
 
+/* NumPy takes the first loop that the inputs cast to safely, so each
+   x dtype lists its own weight dtype before the wider mixed one. eps is
+   float32 unless x is float64: torch rounds eps to float32 there. */
 static const loop_dtypes loop_table[] = {
+    {RMS_FLOAT16, NPY_HALF, NPY_HALF, NPY_FLOAT},
+    {RMS_FLOAT16_WEIGHT32, NPY_HALF, NPY_FLOAT, NPY_FLOAT},
     {RMS_FLOAT32, NPY_FLOAT, NPY_FLOAT, NPY_FLOAT},
+    {RMS_FLOAT32_WEIGHT64, NPY_FLOAT, NPY_DOUBLE, NPY_FLOAT},
     {RMS_FLOAT64, NPY_DOUBLE, NPY_DOUBLE, NPY_DOUBLE},
 };
 #define NUM_LOOPS ((int)(sizeof(loop_table) / sizeof(loop_table[0])))
@@ -80,20 +87,19 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
     discard_fp_flags();
 }
 
-static void forward_dtypes(const loop_dtypes *d, char *types)
+/* The dtype of each operand, in signature order, for one row of a loop table. */
+static int forward_dtypes(const loop_dtypes *d, int *types)
 {
     const int row[] = {d->x, d->weight, d->eps, d->x};
-    for (size_t i = 0; i < sizeof(row) / sizeof(row[0]); i++) {
-        types[i] = (char)row[i];
-    }
+    memcpy(types, row, sizeof(row));
+    return (int)(sizeof(row) / sizeof(row[0]));
 }
 
-static void backward_dtypes(const loop_dtypes *d, char *types)
+static int backward_dtypes(const loop_dtypes *d, int *types)
 {
     const int row[] = {d->x, d->x, d->weight, d->eps, d->x, d->weight};
-    for (size_t i = 0; i < sizeof(row) / sizeof(row[0]); i++) {
-        types[i] = (char)row[i];
-    }
+    memcpy(types, row, sizeof(row));
+    return (int)(sizeof(row) / sizeof(row[0]));
 }
 
 #define MAX_OPERANDS 6
@@ -103,7 +109,7 @@ typedef struct {
     const char *signature;
     int nin, nout;
     PyUFuncGenericFunction loop;
-    void (*operand_dtypes)(const loop_dtypes *, char *types);
+    int (*operand_dtypes)(const loop_dtypes *, int *types);
     const char *doc;
 } gufunc_descriptor;
 
@@ -172,15 +178,60 @@ static PyUFuncGenericFunction loop_functions[NUM_GUFUNCS][NUM_LOOPS];
 static void *loop_data[NUM_GUFUNCS][NUM_LOOPS];
 static char loop_types[NUM_GUFUNCS][NUM_LOOPS * MAX_OPERANDS];
 
+/*
+ * bfloat16 has no NumPy type number of its own: ml_dtypes registers it at
+ * run time, and its loops are added to the gufuncs then, one per weight
+ * dtype, in the same order as loop_table.
+ */
+static loop_dtypes bfloat16_loops[] = {
+    {RMS_BFLOAT16, -1, -1, NPY_FLOAT},
+    {RMS_BFLOAT16_WEIGHT32, -1, NPY_FLOAT, NPY_FLOAT},
+};
+
+int rms_register_bfloat16(PyObject *module, int type_num)
+{
+    if (bfloat16_loops[0].x != -1) {
+        return bfloat16_loops[0].x == type_num ? 0 : -1;
+    }
+    for (size_t t = 0; t < sizeof(bfloat16_loops) / sizeof(bfloat16_loops[0]); t++) {
+        bfloat16_loops[t].x = type_num;
+        if (bfloat16_loops[t].weight == -1) {
+            bfloat16_loops[t].weight = type_num;
+        }
+    }
+    for (int g = 0; g < NUM_GUFUNCS; g++) {
+        const gufunc_descriptor *d = &gufuncs[g];
+        PyObject *ufunc = PyObject_GetAttrString(module, d->name);
+        if (ufunc == NULL) {
+            return -1;
+        }
+        for (size_t t = 0; t < sizeof(bfloat16_loops) / sizeof(bfloat16_loops[0]); t++) {
+            int arg_types[MAX_OPERANDS];
+            d->operand_dtypes(&bfloat16_loops[t], arg_types);
+            if (PyUFunc_RegisterLoopForType((PyUFuncObject *)ufunc, type_num, d->loop, arg_types,
+                                            &bfloat16_loops[t]) < 0) {
+                Py_DECREF(ufunc);
+                return -1;
+            }
+        }
+        Py_DECREF(ufunc);
+    }
+    return 0;
+}
+
 int rms_add_gufuncs(PyObject *module)
 {
     for (int g = 0; g < NUM_GUFUNCS; g++) {
         const gufunc_descriptor *d = &gufuncs[g];
         const int operands = d->nin + d->nout;
         for (int t = 0; t < NUM_LOOPS; t++) {
+            int types[MAX_OPERANDS];
+            d->operand_dtypes(&loop_table[t], types);
+            for (int i = 0; i < operands; i++) {
+                loop_types[g][t * operands + i] = (char)types[i]; /* built-in type numbers */
+            }
             loop_functions[g][t] = d->loop;
             loop_data[g][t] = (void *)&loop_table[t];
-            d->operand_dtypes(&loop_table[t], &loop_types[g][t * operands]);
         }
         PyObject *ufunc = PyUFunc_FromFuncAndDataAndSignature(
             loop_functions[g], loop_data[g], loop_types[g], NUM_LOOPS, d->nin, d->nout,

@@ -78,6 +78,27 @@ static PyObject *set_isa(PyObject *self, PyObject *arg)
     return PyErr_Format(PyExc_ValueError, "unknown instruction set %R", arg);
 }
 
+static PyObject *register_bfloat16(PyObject *module, PyObject *arg)
+{
+    PyArray_Descr *descr = NULL;
+    if (!PyArray_DescrConverter(arg, &descr)) {
+        return NULL;
+    }
+    int type_num = descr->type_num;
+    int ok = PyDataType_ELSIZE(descr) == 2 && PyTypeNum_ISUSERDEF(type_num);
+    Py_DECREF(descr);
+    if (!ok) {
+        return PyErr_Format(PyExc_TypeError, "_register_bfloat16() expects ml_dtypes.bfloat16");
+    }
+    if (rms_register_bfloat16(module, type_num) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "bfloat16 loops are registered for another dtype");
+        }
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"set_num_threads", set_num_threads, METH_O,
      "set_num_threads(n, /)\n\n"
@@ -94,6 +115,10 @@ static PyMethodDef methods[] = {
      "_set_isa(name, /)\n\n"
      "Runs the kernels on another supported instruction set (for tests).\n"
      "At start-up, the environment variable RMSNORM_ISA does the same."},
+    {"_register_bfloat16", register_bfloat16, METH_O,
+     "_register_bfloat16(dtype, /)\n\n"
+     "Adds the bfloat16 loops to forward and backward for ml_dtypes.bfloat16.\n"
+     "rmsnorm calls it on import when ml_dtypes is installed."},
     {NULL, NULL, 0, NULL},
 };
 
