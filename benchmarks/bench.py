@@ -40,6 +40,7 @@ SHAPES = [
     (2048, 4096, np.float32),
     (4096, 8192, np.float32),
     (2048, 4096, np.float64),
+    (2048, 4096, np.float16),
 ]
 
 
@@ -95,7 +96,7 @@ def candidates_for(rows, hidden, dtype, threads):
     x = rng.standard_normal((rows, hidden)).astype(dtype)
     w = rng.standard_normal(hidden).astype(dtype)
     dy = rng.standard_normal((rows, hidden)).astype(dtype)
-    eps = dtype(EPS)
+    eps = np.float64(EPS) if dtype == np.float64 else np.float32(EPS)
     y, dx, dw, scratch = np.empty_like(x), np.empty_like(x), np.empty_like(w), np.empty_like(x)
     rmsnorm.set_num_threads(threads)
 

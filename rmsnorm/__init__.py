@@ -11,6 +11,7 @@ float16, float32 and float64 arrays work as they are; bfloat16 works when the
 optional package ml_dtypes is installed (``pip install 'rmsnorm[bfloat16]'``).
 """
 
+from . import reference
 from ._core import backward, forward, get_num_threads, set_num_threads
 from ._version import __version__
 from .functional import rms_norm, rms_norm_backward

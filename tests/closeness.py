@@ -13,9 +13,16 @@ import numpy as np
 # torch.testing.assert_close's default (rtol, atol) per dtype. The forward
 # parity checks use them as they are.
 TORCH_DEFAULT_TOLERANCES = {
+    np.dtype(np.float16): (1e-3, 1e-5),
     np.dtype(np.float32): (1.3e-6, 1e-5),
     np.dtype(np.float64): (1e-7, 1e-7),
 }
+try:
+    import ml_dtypes
+
+    TORCH_DEFAULT_TOLERANCES[np.dtype(ml_dtypes.bfloat16)] = (1.6e-2, 1e-5)
+except ImportError:  # the bfloat16 tests skip themselves
+    pass
 
 
 def torch_default_tolerance(dtype) -> tuple[float, float]:

@@ -73,25 +73,27 @@ static inline rms_dd rms_dd_sum_lanes(int count, const double *sum, const double
     return total;
 }
 
-/* 1 / sqrt(t.hi + t.lo), to about one rounding of the exact value. */
-static inline double rms_dd_rsqrt(rms_dd t)
+/* 1 / sqrt(t.hi + t.lo) as hi + lo, good to well past double precision:
+   the float64 write pass multiplies by both parts. */
+static inline rms_dd rms_dd_rsqrt(rms_dd t)
 {
-    double r = 1.0 / sqrt(t.hi);
-    if (!(t.hi > 0.0) || !(r > 0.0) || isinf(t.hi)) {
+    rms_dd r = {1.0 / sqrt(t.hi), 0.0};
+    if (!(t.hi > 0.0) || !(r.hi > 0.0) || isinf(t.hi)) {
         return r; /* 0, negative, NaN or inf: nothing to refine */
     }
     /* Newton step r += r * (1 - t r^2) / 2, with t r^2 formed exactly. */
-    double r2 = r * r;
-    double r2_err = fma(r, r, -r2);
+    double r2 = r.hi * r.hi;
+    double r2_err = fma(r.hi, r.hi, -r2);
     double p = t.hi * r2;
     double p_err = fma(t.hi, r2, -p) + t.hi * r2_err + t.lo * r2;
     double residual = (1.0 - p) - p_err;
-    return r + r * (0.5 * residual);
+    r.lo = r.hi * (0.5 * residual);
+    return r;
 }
 
 /* 1 / sqrt(sum_squares / n + eps), for a sum that neither overflows nor
    underflows. */
-static inline double rms_inv_rms_from_sum(rms_dd sum_squares, double n, double eps)
+static inline rms_dd rms_inv_rms_from_sum(rms_dd sum_squares, double n, double eps)
 {
     /* mean = sum / n in double-double: q + the exact remainder over n. */
     double q = sum_squares.hi / n;
