@@ -66,63 +66,85 @@ def _torch_list(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def _resolve_eps(eps, dtype: np.dtype):
-    """eps as the loop's eps type: None is the compute type's machine epsilon,
-    and a given eps is rounded to float32 unless the input is float64."""
+def _resolve_eps(eps, dtype: np.dtype) -> float:
+    """eps as a float: None is the compute type's machine epsilon. The loops
+    take eps as float32 unless the input is float64, so NumPy rounds a given
+    eps to float32 there, as torch does."""
     if eps is None:
-        return EPS_DTYPE[dtype].type(DEFAULT_EPS[dtype])
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+        return DEFAULT_EPS[dtype]
+    if type(eps) is not float and (not isinstance(eps, numbers.Real) or isinstance(eps, bool)):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    return EPS_DTYPE[dtype].type(eps)
+    return float(eps)
 
 
 @functools.lru_cache(maxsize=64)
 def _unit_weight(n: int, dtype: np.dtype) -> np.ndarray:
-    # A stride-0 row of ones: multiplying by 1 is exact, so this is the
-    # unweighted norm without a second code path or an n-sized allocation.
-    return np.broadcast_to(np.ones(1, dtype), (n,))
+    # A row of ones: multiplying by 1 is exact, so this is the unweighted
+    # norm without a second code path. Contiguous (not a stride-0 view), so
+    # the kernels take their vectorised path; read-only, as it is shared.
+    ones = np.ones(n, dtype)
+    ones.flags.writeable = False
+    return ones
 
 
 def _prepare(input, normalized_shape, weight, eps):
     """Validates the arguments and folds the normalised dims into one.
 
-    Returns (x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype):
-    weight_dtype is that of the loop to call.
+    Returns (x, dtype, shape, n, weight_row, weight_dtype, eps): dtype is the
+    compute dtype of x, weight_dtype that of the loop's weight, and weight_row
+    the weight as one row of n (ones when weight is None). The common case,
+    ndarrays of a supported dtype and an int normalized_shape, takes the
+    fewest steps: in a decoding step this overhead is most of the call.
     """
-    x = _as_array(input)
-    dtype = _compute_dtype(x, "input")
-    shape = normalized_shape_tuple(normalized_shape)
-    if not shape:
-        raise ValueError(
-            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
-            f"least one element, but got normalized_shape = {_torch_list(shape)}"
-        )
-    if weight is not None:
-        weight = _as_array(weight)
+    x = input if type(input) is np.ndarray else _as_array(input)
+    dtype = x.dtype
+    if dtype not in WEIGHT_DTYPES:
+        dtype = _compute_dtype(x, "input")
+    if type(normalized_shape) is int:
+        shape = (normalized_shape,)
+    else:
+        shape = normalized_shape_tuple(normalized_shape)
+        if not shape:
+            raise ValueError(
+                "Expected normalized_shape to be at least 1-dimensional, i.e., containing at "
+                f"least one element, but got normalized_shape = {_torch_list(shape)}"
+            )
+    k = len(shape)
+    if weight is None:
+        weight_dtype = dtype
+    else:
+        if type(weight) is not np.ndarray:
+            weight = _as_array(weight)
         if tuple(weight.shape) != shape:
             raise ValueError(
                 "Expected weight to be of same shape as normalized_shape, but got weight of "
                 f"shape {_torch_list(weight.shape)} and normalized_shape = {_torch_list(shape)}"
             )
-        weight_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
-    else:
-        weight_dtype = dtype
-    k = len(shape)
-    if x.ndim < k:
-        raise ValueError(f"Input tensor must have at least {k} dimensions, but got {x.ndim}")
-    if tuple(x.shape[x.ndim - k :]) != shape:
+        weight_dtype = weight.dtype
+        if weight_dtype not in WEIGHT_DTYPES[dtype]:
+            weight_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
+    x_shape = tuple(x.shape)
+    if len(x_shape) < k:
+        raise ValueError(f"Input tensor must have at least {k} dimensions, but got {len(x_shape)}")
+    if x_shape[len(x_shape) - k :] != shape:
         raise ValueError(
             f"Given normalized_shape={_torch_list(shape)}, expected input with shape "
-            f"[*{', '.join(str(s) for s in shape)}], but got input of size{_torch_list(x.shape)}"
+            f"[*{', '.join(str(s) for s in shape)}], but got input of size{_torch_list(x_shape)}"
         )
-    n = math.prod(shape)
-    batch_shape = tuple(x.shape[: x.ndim - k])
+    n = shape[0] if k == 1 else math.prod(shape)
     if weight is None:
         weight_row = _unit_weight(n, dtype)
     else:
-        weight_row = weight.reshape(n) if k > 1 else weight
-    eps = _resolve_eps(eps, dtype)
-    return x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype
+        weight_row = weight if k == 1 else weight.reshape(n)
+    return x, dtype, shape, n, weight_row, weight_dtype, _resolve_eps(eps, dtype)
+
+
+def _rows(array, shape: tuple[int, ...], n: int):
+    """``array`` with its last len(shape) dims folded into one of n (a view
+    when the layout allows)."""
+    if len(shape) == 1:
+        return array
+    return array.reshape(tuple(array.shape[: array.ndim - len(shape)]) + (n,))
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -141,14 +163,16 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     >>> rmsnorm.rms_norm(np.array([[3.0, 4.0]]), 2, eps=0.0)
     array([[0.84852814, 1.13137085]])
     """
-    x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype = _prepare(
+    x, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
         input, normalized_shape, weight, eps
     )
-    signature = (dtype, weight_dtype, eps.dtype, dtype)
-    if len(shape) == 1:
-        return forward(x, weight_row, eps, signature=signature)
-    y = forward(x.reshape(batch_shape + (n,)), weight_row, eps, signature=signature)
-    return y.reshape(x.shape)
+    if weight_row.dtype == weight_dtype and x.dtype == dtype:
+        # the loop NumPy picks by itself is the right one
+        y = forward(_rows(x, shape, n), weight_row, eps)
+    else:
+        signature = (dtype, weight_dtype, EPS_DTYPE[dtype], dtype)
+        y = forward(_rows(x, shape, n), weight_row, eps, signature=signature)
+    return y if len(shape) == 1 else y.reshape(x.shape)
 
 
 def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=None):
@@ -164,7 +188,7 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
     >>> grad_weight
     array([0.84852814, 1.13137085])
     """
-    x, dtype, batch_shape, n, weight_row, eps, shape, weight_dtype = _prepare(
+    x, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
         input, normalized_shape, weight, eps
     )
     grad = _as_array(grad_output)
@@ -174,8 +198,8 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
             f"Mismatch in shape: grad_output has a shape of {tuple(grad.shape)} "
             f"and input has a shape of {tuple(x.shape)}"
         )
-    rows = (math.prod(batch_shape), n)
-    signature = (dtype, dtype, weight_dtype, eps.dtype, dtype, weight_dtype)
+    rows = (math.prod(x.shape[: x.ndim - len(shape)]), n)
+    signature = (dtype, dtype, weight_dtype, EPS_DTYPE[dtype], dtype, weight_dtype)
     grad_input, grad_weight = backward(
         grad.reshape(rows), x.reshape(rows), weight_row, eps, signature=signature
     )
