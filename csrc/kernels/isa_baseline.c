@@ -1,6 +1,7 @@
 /* The kernels with no instruction-set assumption: builds everywhere. */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "rms_norm.h"
 

@@ -59,11 +59,21 @@ static void forward_task(void *context, int thread_index, int thread_count)
     }
 }
 
-void rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows)
+/* Outputs at least this large are written with non-temporal stores: they
+   cannot stay in cache for the caller anyway, and skipping the read of each
+   line before writing it saves a third of the traffic (measured with
+   benchmarks/bench.py: 2048x4096 float32 and up gain, 32x4096 loses). */
+#define RMS_STREAM_MIN_BYTES ((ptrdiff_t)16 << 20)
+
+void rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
 {
     if (rows <= 0) {
         return;
     }
+    rms_forward_problem p_copy = *problem;
+    const rms_forward_problem *p = &p_copy;
+    ptrdiff_t y_bytes = rows * p->n * (p->y.stride < 0 ? -p->y.stride : p->y.stride);
+    p_copy.stream_output = y_bytes >= RMS_STREAM_MIN_BYTES;
     forward_job job = {
         .kernels = rms_kernels_for(type),
         .problem = p,
@@ -117,11 +127,15 @@ static void backward_task(void *context, int thread_index, int thread_count)
     }
 }
 
-int rms_norm_backward(rms_type type, const rms_backward_problem *p, ptrdiff_t rows,
+int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdiff_t rows,
                       char *grad_weight, ptrdiff_t grad_weight_stride)
 {
     const rms_kernels *kernels = rms_kernels_for(type);
-    const ptrdiff_t n = p->n;
+    const ptrdiff_t n = problem->n;
+    rms_backward_problem p_copy = *problem;
+    const rms_backward_problem *p = &p_copy;
+    ptrdiff_t stride = p->grad_in.stride < 0 ? -p->grad_in.stride : p->grad_in.stride;
+    p_copy.stream_output = rows * n * stride >= RMS_STREAM_MIN_BYTES;
     if (n <= 0) {
         return 0;
     }

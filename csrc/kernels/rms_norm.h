@@ -30,6 +30,9 @@ typedef struct {
     const char *eps;   /* one eps per row, in the type's eps dtype */
     ptrdiff_t eps_stride;
     rms_matrix y;
+    /* Write y with non-temporal stores where the instruction set has them:
+       set by the driver for outputs too large to stay in cache. */
+    int stream_output;
 } rms_forward_problem;
 
 typedef struct {
@@ -40,6 +43,7 @@ typedef struct {
     ptrdiff_t weight_stride;
     double eps;
     rms_matrix grad_in;
+    int stream_output; /* as in rms_forward_problem */
 } rms_backward_problem;
 
 /*

@@ -1,0 +1,76 @@
+"""Every kernel path gives the same answer: instruction sets, streamed stores, threads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rmsnorm
+from closeness import ulp_distance
+
+ACTIVE_ISA, SUPPORTED_ISAS = rmsnorm._core._isa()
+
+
+@pytest.fixture
+def restore_isa():
+    yield
+    rmsnorm._core._set_isa(ACTIVE_ISA)
+
+
+@pytest.mark.parametrize("isa", SUPPORTED_ISAS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [1, 7, 64, 1000, 4099])
+def test_every_instruction_set_is_within_one_ulp_of_the_baseline(isa, dtype, n, restore_isa):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((5, n)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(dtype)
+    dy = rng.standard_normal((5, n)).astype(dtype)
+    rmsnorm._core._set_isa("baseline")
+    expected = rmsnorm.rms_norm(x, n, w, 1e-6)
+    expected_grads = rmsnorm.rms_norm_backward(dy, x, n, w, 1e-6)
+    rmsnorm._core._set_isa(isa)
+    assert rmsnorm._core._isa()[0] == isa
+    assert np.max(ulp_distance(rmsnorm.rms_norm(x, n, w, 1e-6), expected, dtype)) <= 1
+    for ours, baseline in zip(rmsnorm.rms_norm_backward(dy, x, n, w, 1e-6), expected_grads):
+        # gradients: within 1 ULP of the tensor's largest element (they cancel)
+        scale = np.spacing(np.max(np.abs(baseline)).astype(dtype)).astype(np.float64)
+        assert np.max(np.abs(ours.astype(np.float64) - baseline.astype(np.float64))) <= scale
+
+
+def test_rmsnorm_isa_environment_variable_forces_the_baseline_kernels():
+    code = "import rmsnorm; print(rmsnorm._core._isa()[0])"
+    env = dict(os.environ, RMSNORM_ISA="baseline")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "baseline"
+
+
+def test_rmsnorm_isa_cannot_ask_for_more_than_the_cpu_has():
+    env = dict(os.environ, RMSNORM_ISA="no-such-isa")
+    out = subprocess.run([sys.executable, "-c", "import rmsnorm; print(rmsnorm._core._isa()[0])"],
+                         env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == ACTIVE_ISA
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype):
+    # Past 16 MiB the kernels write with non-temporal stores; row by row the
+    # arithmetic must not change. 4099 columns also leave rows unaligned.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1100 if dtype == np.float32 else 550, 4099)).astype(dtype)
+    w = rng.uniform(0.5, 1.5, 4099).astype(dtype)
+    eps = dtype(1e-6)
+    assert x.nbytes >= 16 << 20
+    y = rmsnorm.forward(x, w, eps)
+    grad_input, grad_weight = rmsnorm.backward(x, x, w, eps)
+    pieces = range(0, x.shape[0], 100)
+    np.testing.assert_array_equal(y, np.concatenate([rmsnorm.forward(x[i:i + 100], w, eps)
+                                                     for i in pieces]))
+    np.testing.assert_array_equal(grad_input, np.concatenate(
+        [rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[0] for i in pieces]))
+    np.testing.assert_allclose(grad_weight, sum(rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[1]
+                                                for i in pieces), rtol=1e-5)
