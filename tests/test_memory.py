@@ -1,0 +1,76 @@
+"""The forward and the backward allocate nothing input-sized beyond their outputs.
+
+NumPy reports its array allocations to tracemalloc, so the peak of traced
+memory during a call bounds every temporary array the call made.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import rmsnorm
+
+ROWS, N = 256, 4096  # 4 MiB of float32: far above any per-row or per-thread scratch
+SLACK = 64 * 1024  # Python objects, the cached unit weight, NumPy's bookkeeping
+
+
+def peak_bytes(call) -> int:
+    call()  # warm caches (the unit weight, loop resolution) outside the measurement
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        result = call()
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    del result
+    return peak
+
+
+@pytest.fixture
+def arrays():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((ROWS, N)).astype(np.float32)
+    return x, rng.standard_normal(N).astype(np.float32), rng.standard_normal(x.shape).astype(np.float32)
+
+
+def test_tracemalloc_sees_numpy_allocations():
+    # the premise of this file: without it every bound below holds trivially
+    assert peak_bytes(lambda: np.empty((ROWS, N), np.float32)) >= ROWS * N * 4
+
+
+def test_forward_gufunc_with_out_allocates_nothing_input_sized(arrays):
+    x, w, _ = arrays
+    out = np.empty_like(x)
+    assert peak_bytes(lambda: rmsnorm.forward(x, w, np.float32(1e-6), out=out)) < SLACK
+
+
+def test_backward_gufunc_with_out_allocates_nothing_input_sized(arrays):
+    x, w, dy = arrays
+    out = (np.empty_like(x), np.empty_like(w))
+    assert peak_bytes(lambda: rmsnorm.backward(dy, x, w, np.float32(1e-6), out=out)) < SLACK
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no-weight"])
+def test_rms_norm_allocates_only_its_output(arrays, weighted):
+    x, w, _ = arrays
+    weight = w if weighted else None
+    assert peak_bytes(lambda: rmsnorm.rms_norm(x, N, weight, 1e-6)) < x.nbytes + SLACK
+
+
+def test_rms_norm_over_several_dims_folds_them_without_a_copy(arrays):
+    x, _, _ = arrays
+    x3 = x.reshape(ROWS, 64, 64)
+    assert peak_bytes(lambda: rmsnorm.rms_norm(x3, (64, 64), eps=1e-6)) < x.nbytes + SLACK
+
+
+@pytest.mark.parametrize("weighted", [True, False], ids=["weight", "no-weight"])
+def test_rms_norm_backward_allocates_only_its_outputs(arrays, weighted):
+    x, w, dy = arrays
+    weight = w if weighted else None
+    peak = peak_bytes(lambda: rmsnorm.rms_norm_backward(dy, x, N, weight, 1e-6))
+    assert peak < x.nbytes + w.nbytes + SLACK
