@@ -66,15 +66,18 @@ def _torch_list(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def _resolve_eps(eps, dtype: np.dtype) -> float:
-    """eps as a float: None is the compute type's machine epsilon. The loops
-    take eps as float32 unless the input is float64, so NumPy rounds a given
-    eps to float32 there, as torch does."""
+def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
+    """eps as the loops take it, float32 unless the input is float64 (so a
+    given eps is rounded to float32 there, as torch does); None is the
+    compute type's machine epsilon. A NumPy scalar, not a Python float: a
+    duck array may turn a Python float into a float64 array (dask does),
+    which would pick the float64 loop for float32 input."""
+    eps_type = EPS_DTYPE[dtype].type
     if eps is None:
-        return DEFAULT_EPS[dtype]
+        return eps_type(DEFAULT_EPS[dtype])
     if type(eps) is not float and (not isinstance(eps, numbers.Real) or isinstance(eps, bool)):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    return float(eps)
+    return eps_type(eps)
 
 
 @functools.lru_cache(maxsize=64)
@@ -166,12 +169,13 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     x, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
         input, normalized_shape, weight, eps
     )
-    if weight_row.dtype == weight_dtype and x.dtype == dtype:
-        # the loop NumPy picks by itself is the right one
-        y = forward(_rows(x, shape, n), weight_row, eps)
-    else:
-        signature = (dtype, weight_dtype, EPS_DTYPE[dtype], dtype)
-        y = forward(_rows(x, shape, n), weight_row, eps, signature=signature)
+    if weight_row.dtype != weight_dtype:
+        weight_row = weight_row.astype(weight_dtype)
+    # Operands in their loop's dtypes pick that loop by themselves (a
+    # byte-swapped x too), so no signature= is passed: a duck array's
+    # __array_ufunc__ need not take one (dask's apply_gufunc has a signature
+    # argument of its own, and hands dtype= to blockwise, not to the blocks).
+    y = forward(_rows(x, shape, n), weight_row, eps)
     return y if len(shape) == 1 else y.reshape(x.shape)
 
 
@@ -199,10 +203,13 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
             f"and input has a shape of {tuple(x.shape)}"
         )
     rows = (math.prod(x.shape[: x.ndim - len(shape)]), n)
-    signature = (dtype, dtype, weight_dtype, EPS_DTYPE[dtype], dtype, weight_dtype)
-    grad_input, grad_weight = backward(
-        grad.reshape(rows), x.reshape(rows), weight_row, eps, signature=signature
-    )
+    # As in rms_norm: the operands' dtypes, not a signature=, pick the loop.
+    if grad.dtype != dtype:
+        grad = grad.astype(dtype)
+    weight_loop = weight_row
+    if weight_loop.dtype != weight_dtype:
+        weight_loop = weight_loop.astype(weight_dtype)
+    grad_input, grad_weight = backward(grad.reshape(rows), x.reshape(rows), weight_loop, eps)
     grad_input = grad_input.reshape(x.shape)
     if weight is None:
         return grad_input, None

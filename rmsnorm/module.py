@@ -26,7 +26,7 @@ class RMSNorm:
     >>> layer
     RMSNorm((2,), eps=0.0, elementwise_affine=True)
     >>> layer(np.array([[3.0, 4.0]], dtype=np.float32))
-    array([[0.8485281, 1.1313709]], dtype=float32)
+    array([[0.84852815, 1.1313709 ]], dtype=float32)
     """
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, *, dtype=None):
@@ -106,6 +106,7 @@ class RMSNorm:
             np.copyto(self.weight, value, casting="unsafe")
 
     def extra_repr(self) -> str:
+        """The text inside ``RMSNorm(...)`` in the repr, as torch's extra_repr."""
         return (
             f"{self.normalized_shape}, eps={self.eps}, "
             f"elementwise_affine={self.elementwise_affine}"

@@ -101,13 +101,16 @@ static PyObject *register_bfloat16(PyObject *module, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"set_num_threads", set_num_threads, METH_O,
-     "set_num_threads(n, /)\n\n"
+     "set_num_threads($module, n, /)\n--\n\n"
      "Use at most n threads (n >= 1) in each forward or backward call.\n"
      "Results are the same bytes for any n. The default is the environment\n"
      "variable RMSNORM_NUM_THREADS, else the number of CPUs this process may\n"
      "run on; values past 256 are clamped."},
     {"get_num_threads", get_num_threads, METH_NOARGS,
-     "get_num_threads()\n\nThe most threads a forward or backward call uses."},
+     "get_num_threads($module, /)\n--\n\n"
+     "The most threads a forward or backward call uses.\n\n"
+     "Set by set_num_threads, else the environment variable\n"
+     "RMSNORM_NUM_THREADS, else the CPUs this process may run on."},
     {"_isa", isa_info, METH_NOARGS,
      "_isa() -> (active, supported)\n\n"
      "The instruction set the kernels run on, and those this CPU supports."},

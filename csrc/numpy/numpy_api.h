@@ -4,6 +4,9 @@
 #define RMSNORM_NUMPY_NUMPY_API_H
 
 #define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+/* The oldest NumPy the extension imports into, whatever NumPy builds it
+   (newer headers default to newer targets): pyproject.toml's numpy>=1.23. */
+#define NPY_TARGET_VERSION NPY_1_23_API_VERSION
 #define PY_ARRAY_UNIQUE_SYMBOL rmsnorm_ARRAY_API
 #define PY_UFUNC_UNIQUE_SYMBOL rmsnorm_UFUNC_API
 #ifndef RMS_IMPORTS_NUMPY

@@ -1,0 +1,21 @@
+"""Types of the C extension rmsnorm._core (csrc/numpy/module.c)."""
+
+from typing import Any
+
+import numpy as np
+
+# The gufuncs. np.ufunc's __call__ takes anything and returns Any: a gufunc
+# dispatches to duck arrays through __array_ufunc__, so its result type
+# depends on the operands. Their docstrings (help(rmsnorm.forward)) give
+# the signatures (n),(n),()->(n) and (m,n),(m,n),(n),()->(m,n),(n).
+forward: np.ufunc
+backward: np.ufunc
+
+def set_num_threads(n: int, /) -> None: ...
+def get_num_threads() -> int: ...
+
+# For the package and its tests: the active and supported instruction sets,
+# a switch between them, and the bfloat16 loops for ml_dtypes.bfloat16.
+def _isa() -> tuple[str, list[str]]: ...
+def _set_isa(name: str, /) -> None: ...
+def _register_bfloat16(dtype: np.dtype[Any], /) -> None: ...

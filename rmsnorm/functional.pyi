@@ -1,0 +1,58 @@
+"""Types of rmsnorm.functional (the implementation is functional.py).
+
+An ndarray of float16, float32 or float64 in gives an ndarray of the same
+dtype out. Anything else (a list, a bfloat16 array, a dask array or another
+duck array) is typed Any: a duck array in may give a duck array out.
+"""
+
+from typing import Any, Sequence, SupportsIndex, TypeVar, overload
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+_Float = TypeVar("_Float", np.float16, np.float32, np.float64)
+
+# normalized_shape: an int or a sequence of ints (NumPy integers included).
+_ShapeLike = SupportsIndex | Sequence[SupportsIndex]
+# eps: a real number, or None for the machine epsilon of the compute type.
+_Eps = float | np.floating[Any] | None
+
+def normalized_shape_tuple(normalized_shape: _ShapeLike) -> tuple[int, ...]: ...
+@overload
+def rms_norm(
+    input: NDArray[_Float],
+    normalized_shape: _ShapeLike,
+    weight: ArrayLike | None = None,
+    eps: _Eps = None,
+) -> NDArray[_Float]: ...
+@overload
+def rms_norm(
+    input: Any,
+    normalized_shape: _ShapeLike,
+    weight: Any = None,
+    eps: _Eps = None,
+) -> Any: ...
+@overload
+def rms_norm_backward(
+    grad_output: ArrayLike,
+    input: NDArray[_Float],
+    normalized_shape: _ShapeLike,
+    weight: None = None,
+    eps: _Eps = None,
+) -> tuple[NDArray[_Float], None]: ...
+@overload
+def rms_norm_backward(
+    grad_output: ArrayLike,
+    input: NDArray[_Float],
+    normalized_shape: _ShapeLike,
+    weight: ArrayLike,
+    eps: _Eps = None,
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def rms_norm_backward(
+    grad_output: Any,
+    input: Any,
+    normalized_shape: _ShapeLike,
+    weight: Any = None,
+    eps: _Eps = None,
+) -> tuple[Any, Any]: ...

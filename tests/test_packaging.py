@@ -1,0 +1,123 @@
+"""The package metadata is complete and says what the code needs.
+
+These read pyproject.toml and MANIFEST.in and take milliseconds. Building
+the sdist and the wheel, and installing the wheel into a fresh environment
+outside the repository, is .ci/packaging.sh (about a minute, and it needs a
+package index); set RMSNORM_TEST_PACKAGING=1 to run it from here too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYPROJECT = os.path.join(ROOT, "pyproject.toml")
+
+if not os.path.exists(PYPROJECT):  # an installed copy of the tests, without the sources
+    pytest.skip("no pyproject.toml next to the tests", allow_module_level=True)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml needs tomli before 3.11")
+
+
+@pytest.fixture(scope="module")
+def pyproject():
+    with open(PYPROJECT, "rb") as file:
+        return tomllib.load(file)
+
+
+@pytest.fixture(scope="module")
+def project(pyproject):
+    return pyproject["project"]
+
+
+def requirement_names(requirements):
+    return [re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0].lower() for r in requirements]
+
+
+def test_summary_licence_and_python_are_declared(project):
+    assert project["description"].strip()
+    assert project["license"] == "MIT", "an SPDX licence expression"
+    for name in project["license-files"]:
+        assert os.path.isfile(os.path.join(ROOT, name)), f"licence file {name} is missing"
+    assert re.fullmatch(r">=3\.\d+", project["requires-python"])
+
+
+def test_classifiers_agree_with_requires_python(project):
+    classifiers = project["classifiers"]
+    assert "Typing :: Typed" in classifiers
+    assert not [c for c in classifiers if c.startswith("License ::")], (
+        "with an SPDX licence expression, licence classifiers are an error")
+    minimum = int(project["requires-python"].split(".")[1])
+    versions = sorted(int(c.rsplit(".", 1)[1]) for c in classifiers
+                      if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert versions and versions[0] == minimum, (
+        f"the oldest Python classifier (3.{versions[0] if versions else '?'}) should be "
+        f"requires-python's 3.{minimum}")
+
+
+def test_project_urls(project):
+    urls = project.get("urls")
+    if not urls:
+        pytest.skip("no [project.urls] yet: the project has no public home to point at")
+    for name, url in urls.items():
+        assert url.startswith("https://"), f"{name}: {url}"
+
+
+def test_numpy_is_the_only_runtime_requirement(project):
+    assert project["dependencies"] == ["numpy>=1.23"]
+
+
+def test_torch_is_only_a_pinned_test_dependency(project):
+    extras = project["optional-dependencies"]
+    assert "torch" not in requirement_names(project["dependencies"])
+    assert "torch==2.13.0" in extras["test"]
+    for extra, requirements in extras.items():
+        if extra != "test":
+            assert "torch" not in requirement_names(requirements), f"torch in the {extra} extra"
+
+
+def test_optional_extras(project):
+    extras = project["optional-dependencies"]
+    assert requirement_names(extras["bfloat16"]) == ["ml_dtypes"]
+    assert requirement_names(extras["dask"]) == ["dask"]
+    # The test extra has what the suite's optional tests import.
+    for needed in ["pytest", "hypothesis", "dask", "xarray", "zarr", "mypy", "build"]:
+        assert needed in requirement_names(extras["test"]), f"{needed} missing from the test extra"
+
+
+def test_build_uses_numpy_2_headers(pyproject):
+    requires = pyproject["build-system"]["requires"]
+    assert "numpy>=2.0" in requires
+    assert "setuptools" in requirement_names(requires)
+
+
+def test_wheel_and_sdist_carry_the_type_information(pyproject):
+    package_data = pyproject["tool"]["setuptools"]["package-data"]["rmsnorm"]
+    assert "py.typed" in package_data and "*.pyi" in package_data
+    for name in ["py.typed", "__init__.pyi", "_core.pyi", "functional.pyi", "module.pyi",
+                 "reference.pyi"]:
+        assert os.path.isfile(os.path.join(ROOT, "rmsnorm", name)), f"rmsnorm/{name} is missing"
+
+
+def test_sdist_manifest_takes_all_of_csrc():
+    with open(os.path.join(ROOT, "MANIFEST.in")) as file:
+        lines = [line.split("#")[0].split() for line in file]
+    assert ["graft", "csrc"] in lines, "the sdist needs every header and .inc file under csrc/"
+
+
+@pytest.mark.skipif(os.environ.get("RMSNORM_TEST_PACKAGING") != "1",
+                    reason="builds and installs the package (about a minute, needs a package "
+                           "index): set RMSNORM_TEST_PACKAGING=1, or run .ci/packaging.sh")
+def test_packaging_script_builds_and_installs_the_wheel():
+    result = subprocess.run(["bash", os.path.join(ROOT, ".ci", "packaging.sh")],
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
