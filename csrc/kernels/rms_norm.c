@@ -11,91 +11,103 @@
 /*
  * Rows are dealt in chunks of about this many elements: large enough that
  * taking a chunk (one atomic add) is noise, small enough that two threads
- * finish close together on a shared, noisy machine.
+ * finish close together on a shared, noisy machine. Backward chunks are
+ * larger: each ends with a commit of n doubles into grad_weight.
  */
-#define RMS_CHUNK_ELEMENTS 16384
+#define RMS_FORWARD_CHUNK_ELEMENTS 16384
+#define RMS_BACKWARD_CHUNK_ELEMENTS 65536
 /* Below this many elements a problem stays on the calling thread: waking a
    worker costs more than the work (measured with benchmarks/bench.py). */
 #define RMS_PARALLEL_MIN_ELEMENTS 131072
-/* Backward chunks are larger: each ends with a commit of n doubles into
-   grad_weight. */
-#define RMS_BACKWARD_CHUNK_ELEMENTS 65536
+/* Outputs at least this large are written with non-temporal stores: they
+   cannot stay in cache for the caller anyway, and skipping the read of each
+   line before writing it saves a third of the traffic (2048x4096 float32 and
+   up gain; 32x4096 loses). */
+#define RMS_STREAM_MIN_BYTES ((ptrdiff_t)16 << 20)
 
-static ptrdiff_t rows_per_chunk(ptrdiff_t n, ptrdiff_t chunk_elements)
+/* A problem's rows, cut into chunks that threads take in increasing order. */
+typedef struct {
+    ptrdiff_t rows, rows_per_chunk, count;
+    atomic_ptrdiff_t next;
+} row_chunks;
+
+static void row_chunks_init(row_chunks *chunks, ptrdiff_t rows, ptrdiff_t n,
+                            ptrdiff_t chunk_elements)
 {
-    return n >= chunk_elements ? 1 : chunk_elements / (n > 0 ? n : 1);
+    chunks->rows = rows > 0 ? rows : 0;
+    chunks->rows_per_chunk = n >= chunk_elements ? 1 : chunk_elements / (n > 0 ? n : 1);
+    chunks->count = (chunks->rows + chunks->rows_per_chunk - 1) / chunks->rows_per_chunk;
+    atomic_init(&chunks->next, 0);
 }
 
-static int threads_for(ptrdiff_t rows, ptrdiff_t n, ptrdiff_t chunks)
+/* Takes the next chunk: its index, and its rows [*begin, *end). Returns -1
+   when none is left. */
+static ptrdiff_t take_chunk(row_chunks *chunks, ptrdiff_t *begin, ptrdiff_t *end)
 {
-    if (rows * n < RMS_PARALLEL_MIN_ELEMENTS) {
+    ptrdiff_t chunk = atomic_fetch_add(&chunks->next, 1);
+    if (chunk >= chunks->count) {
+        return -1;
+    }
+    *begin = chunk * chunks->rows_per_chunk;
+    *end = *begin + chunks->rows_per_chunk < chunks->rows ? *begin + chunks->rows_per_chunk
+                                                          : chunks->rows;
+    return chunk;
+}
+
+static int threads_for(const row_chunks *chunks, ptrdiff_t n)
+{
+    if (chunks->rows * n < RMS_PARALLEL_MIN_ELEMENTS) {
         return 1;
     }
     int allowed = rms_pool_get_num_threads();
-    return chunks < allowed ? (int)chunks : allowed;
+    return chunks->count < allowed ? (int)chunks->count : allowed;
+}
+
+static int streams_output(ptrdiff_t rows, ptrdiff_t n, ptrdiff_t stride)
+{
+    return rows * n * (stride < 0 ? -stride : stride) >= RMS_STREAM_MIN_BYTES;
 }
 
 typedef struct {
     const rms_kernels *kernels;
     const rms_forward_problem *problem;
-    ptrdiff_t rows, rows_per_chunk, chunks;
-    atomic_ptrdiff_t next_chunk;
+    row_chunks chunks;
 } forward_job;
 
 static void forward_task(void *context, int thread_index, int thread_count)
 {
     forward_job *job = context;
+    ptrdiff_t begin, end;
     (void)thread_index;
     (void)thread_count;
-    for (;;) {
-        ptrdiff_t chunk = atomic_fetch_add(&job->next_chunk, 1);
-        if (chunk >= job->chunks) {
-            return;
-        }
-        ptrdiff_t begin = chunk * job->rows_per_chunk;
-        ptrdiff_t end = begin + job->rows_per_chunk < job->rows ? begin + job->rows_per_chunk
-                                                                : job->rows;
+    while (take_chunk(&job->chunks, &begin, &end) >= 0) {
         job->kernels->forward_rows(job->problem, begin, end);
     }
 }
 
-/* Outputs at least this large are written with non-temporal stores: they
-   cannot stay in cache for the caller anyway, and skipping the read of each
-   line before writing it saves a third of the traffic (measured with
-   benchmarks/bench.py: 2048x4096 float32 and up gain, 32x4096 loses). */
-#define RMS_STREAM_MIN_BYTES ((ptrdiff_t)16 << 20)
-
 void rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
 {
-    if (rows <= 0) {
-        return;
+    rms_forward_problem p = *problem;
+    p.stream_output = streams_output(rows, p.n, p.y.stride);
+    forward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
+    row_chunks_init(&job.chunks, rows, p.n, RMS_FORWARD_CHUNK_ELEMENTS);
+    if (job.chunks.count > 0) {
+        rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
     }
-    rms_forward_problem p_copy = *problem;
-    const rms_forward_problem *p = &p_copy;
-    ptrdiff_t y_bytes = rows * p->n * (p->y.stride < 0 ? -p->y.stride : p->y.stride);
-    p_copy.stream_output = y_bytes >= RMS_STREAM_MIN_BYTES;
-    forward_job job = {
-        .kernels = rms_kernels_for(type),
-        .problem = p,
-        .rows = rows,
-        .rows_per_chunk = rows_per_chunk(p->n, RMS_CHUNK_ELEMENTS),
-    };
-    job.chunks = (rows + job.rows_per_chunk - 1) / job.rows_per_chunk;
-    atomic_init(&job.next_chunk, 0);
-    rms_pool_run(forward_task, &job, threads_for(rows, p->n, job.chunks));
 }
 
 /*
  * The backward's grad_weight is a sum over rows. To be the same bytes for
  * any thread count, each chunk's rows are summed into a per-thread partial,
  * and partials are added into the total strictly in chunk order: a thread
- * that finishes chunk c waits until chunk c - 1 has been added.
+ * that finishes chunk c waits until chunk c - 1 has been added. Threads take
+ * chunks in increasing order, so the one that holds the next chunk to add is
+ * always working, never waiting.
  */
 typedef struct {
     const rms_kernels *kernels;
     const rms_backward_problem *problem;
-    ptrdiff_t rows, rows_per_chunk, chunks;
-    atomic_ptrdiff_t next_chunk;
+    row_chunks chunks;
     atomic_ptrdiff_t next_commit;
     double *total;    /* n doubles */
     double *partials; /* n doubles per thread */
@@ -106,15 +118,9 @@ static void backward_task(void *context, int thread_index, int thread_count)
     backward_job *job = context;
     const ptrdiff_t n = job->problem->n;
     double *partial = job->partials + (ptrdiff_t)thread_index * n;
+    ptrdiff_t chunk, begin, end;
     (void)thread_count;
-    for (;;) {
-        ptrdiff_t chunk = atomic_fetch_add(&job->next_chunk, 1);
-        if (chunk >= job->chunks) {
-            return;
-        }
-        ptrdiff_t begin = chunk * job->rows_per_chunk;
-        ptrdiff_t end = begin + job->rows_per_chunk < job->rows ? begin + job->rows_per_chunk
-                                                                : job->rows;
+    while ((chunk = take_chunk(&job->chunks, &begin, &end)) >= 0) {
         memset(partial, 0, (size_t)n * sizeof(double));
         job->kernels->backward_rows(job->problem, begin, end, partial);
         while (atomic_load_explicit(&job->next_commit, memory_order_acquire) != chunk) {
@@ -130,35 +136,25 @@ static void backward_task(void *context, int thread_index, int thread_count)
 int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdiff_t rows,
                       char *grad_weight, ptrdiff_t grad_weight_stride)
 {
-    const rms_kernels *kernels = rms_kernels_for(type);
-    const ptrdiff_t n = problem->n;
-    rms_backward_problem p_copy = *problem;
-    const rms_backward_problem *p = &p_copy;
-    ptrdiff_t stride = p->grad_in.stride < 0 ? -p->grad_in.stride : p->grad_in.stride;
-    p_copy.stream_output = rows * n * stride >= RMS_STREAM_MIN_BYTES;
-    if (n <= 0) {
+    rms_backward_problem p = *problem;
+    if (p.n <= 0) {
         return 0;
     }
-    backward_job job = {
-        .kernels = kernels,
-        .problem = p,
-        .rows = rows > 0 ? rows : 0,
-        .rows_per_chunk = rows_per_chunk(n, RMS_BACKWARD_CHUNK_ELEMENTS),
-    };
-    job.chunks = (job.rows + job.rows_per_chunk - 1) / job.rows_per_chunk;
-    int threads = threads_for(job.rows, n, job.chunks);
-    double *scratch = calloc((size_t)n * ((size_t)threads + 1), sizeof(double));
+    p.stream_output = streams_output(rows, p.n, p.grad_in.stride);
+    backward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
+    row_chunks_init(&job.chunks, rows, p.n, RMS_BACKWARD_CHUNK_ELEMENTS);
+    atomic_init(&job.next_commit, 0);
+    int threads = threads_for(&job.chunks, p.n);
+    double *scratch = calloc((size_t)p.n * ((size_t)threads + 1), sizeof(double));
     if (scratch == NULL) {
         return -1;
     }
     job.total = scratch;
-    job.partials = scratch + n;
-    atomic_init(&job.next_chunk, 0);
-    atomic_init(&job.next_commit, 0);
-    if (job.chunks > 0) {
+    job.partials = scratch + p.n;
+    if (job.chunks.count > 0) {
         rms_pool_run(backward_task, &job, threads);
     }
-    kernels->store_row(n, job.total, grad_weight, grad_weight_stride);
+    job.kernels->store_row(p.n, job.total, grad_weight, grad_weight_stride);
     free(scratch);
     return 0;
 }
