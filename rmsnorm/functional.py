@@ -7,6 +7,7 @@ for them); dtype and argument-type errors are ``TypeError``.
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import math
 import numbers
@@ -45,9 +46,13 @@ def _compute_dtype(array, what: str) -> np.dtype:
 
 def normalized_shape_tuple(normalized_shape) -> tuple[int, ...]:
     """``normalized_shape`` as a tuple of ints, as torch.nn.RMSNorm stores it."""
+    if isinstance(normalized_shape, np.ndarray) and normalized_shape.ndim == 0:
+        normalized_shape = normalized_shape[()]  # a 0-d array is its scalar, as NumPy treats it
     if isinstance(normalized_shape, numbers.Integral) and not isinstance(normalized_shape, bool):
         return (int(normalized_shape),)
-    if isinstance(normalized_shape, (str, bytes)) or not hasattr(normalized_shape, "__iter__"):
+    if isinstance(normalized_shape, (str, bytes)) or not isinstance(
+        normalized_shape, (collections.abc.Sequence, np.ndarray)
+    ):
         raise TypeError(
             "normalized_shape must be an int or a sequence of ints, "
             f"got {type(normalized_shape).__name__}"
@@ -118,14 +123,15 @@ def _prepare(input, normalized_shape, weight, eps):
     else:
         if type(weight) is not np.ndarray:
             weight = _as_array(weight)
+        # The type first: a str or an object is a wrong type, not a weight of shape [].
+        weight_dtype = weight.dtype
+        if weight_dtype not in WEIGHT_DTYPES[dtype]:
+            weight_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
         if tuple(weight.shape) != shape:
             raise ValueError(
                 "Expected weight to be of same shape as normalized_shape, but got weight of "
                 f"shape {_torch_list(weight.shape)} and normalized_shape = {_torch_list(shape)}"
             )
-        weight_dtype = weight.dtype
-        if weight_dtype not in WEIGHT_DTYPES[dtype]:
-            weight_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
     x_shape = tuple(x.shape)
     if len(x_shape) < k:
         raise ValueError(f"Input tensor must have at least {k} dimensions, but got {len(x_shape)}")
@@ -215,4 +221,6 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
         return grad_input, None
     # torch gives each gradient its tensor's dtype, also where the loop's
     # weight dtype differs (a float16 weight with float32 input, say).
-    return grad_input, grad_weight.reshape(shape).astype(weight_row.dtype, copy=False)
+    return grad_input, grad_weight.reshape(shape).astype(
+        weight_row.dtype.newbyteorder("="), copy=False
+    )

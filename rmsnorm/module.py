@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections.abc
+
 import numpy as np
 
 from ._dtypes import WEIGHT_DTYPES, resolve_dtype
@@ -81,6 +83,8 @@ class RMSNorm:
 
     def load_state_dict(self, state_dict, strict: bool = True) -> None:
         """Copies ``state_dict["weight"]`` (anything np.asarray takes) into weight."""
+        if not isinstance(state_dict, collections.abc.Mapping):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
         expected = set(self.state_dict())
         missing = sorted(expected - set(state_dict))
         unexpected = sorted(set(state_dict) - expected)

@@ -17,11 +17,20 @@ extern const rms_kernels rms_kernels_avx512[RMS_NUM_TYPES];
 static int always(void) { return 1; }
 
 #if RMS_X86
+#include <cpuid.h>
+
+/* F16C from CPUID: clang before 19 has no "f16c" for __builtin_cpu_supports. */
+static int cpu_has_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+
 static int cpu_has_avx2(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+           cpu_has_f16c();
 }
 
 static int cpu_has_avx512(void)
@@ -29,7 +38,7 @@ static int cpu_has_avx512(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("fma") && cpu_has_f16c();
 }
 #endif
 

@@ -11,13 +11,19 @@
 static PyObject *set_num_threads(PyObject *self, PyObject *arg)
 {
     (void)self;
-    if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+    /* Any integer, as operator.index takes it (NumPy's too), but no bool. */
+    if (PyBool_Check(arg) || !PyIndex_Check(arg)) {
         return PyErr_Format(PyExc_TypeError,
                             "set_num_threads() expects an int number of threads, got %.100s",
                             Py_TYPE(arg)->tp_name);
     }
+    PyObject *index = PyNumber_Index(arg);
+    if (index == NULL) {
+        return NULL;
+    }
     int overflow = 0;
-    long long n = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    long long n = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
     if (n == -1 && PyErr_Occurred()) {
         return NULL;
     }

@@ -1,0 +1,191 @@
+"""Threads and fork: the same bytes from any number of callers and threads,
+and a forked child that computes correctly.
+
+The shapes are large enough for the kernels' thread pool to take part
+(256 x 4096 = 1M elements a call), so these tests exercise the pool: its
+hand-off between Python callers, its deterministic grad_weight sum, and its
+re-creation in a forked child.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rmsnorm
+
+SHAPE = (256, 4096)
+SECONDS = 1.0
+DTYPES = [np.float32, np.float64]
+
+
+def dtype_id(dtype):
+    return np.dtype(dtype).name
+
+
+def problem(dtype, seed=3):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(SHAPE).astype(dtype)
+    weight = rng.standard_normal(SHAPE[1]).astype(dtype)
+    grad = rng.standard_normal(SHAPE).astype(dtype)
+    return x, weight, grad, dtype(1e-5)
+
+
+def run_both(x, weight, grad, eps):
+    """forward's y, backward's grad_input and grad_weight, as bytes."""
+    y = rmsnorm.forward(x, weight, eps)
+    grad_input, grad_weight = rmsnorm.backward(grad, x, weight, eps)
+    return y.tobytes(), grad_input.tobytes(), grad_weight.tobytes()
+
+
+@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads={n}")
+def with_threads(request, restore_num_threads):
+    rmsnorm.set_num_threads(request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_threads):
+    args = problem(dtype)
+    results = {}
+    for threads in (1, 2, 3):
+        rmsnorm.set_num_threads(threads)
+        assert rmsnorm.get_num_threads() == threads
+        results[threads] = run_both(*args)
+    for threads in (2, 3):
+        for what, one, many in zip(("y", "grad_input", "grad_weight"), results[1],
+                                   results[threads]):
+            assert one == many, f"{what} differs between 1 and {threads} threads"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_four_python_threads_at_once_give_one_threads_bytes(dtype, with_threads):
+    args = problem(dtype)
+    expected = run_both(*args)
+    start = threading.Barrier(4)
+    deadline = time.monotonic() + SECONDS
+    failures, calls = [], [0] * 4
+
+    def caller(index):
+        start.wait()
+        while time.monotonic() < deadline and not failures:
+            got = run_both(*args)
+            calls[index] += 1
+            if got != expected:
+                failures.append(f"thread {index}, call {calls[index]}: bytes differ")
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a caller hung"
+    assert not failures, failures[0]
+    assert all(count >= 1 for count in calls), f"calls per thread: {calls}"
+
+
+@pytest.mark.parametrize("gufunc", ["forward", "backward"])
+def test_kernels_release_the_gil(gufunc, restore_num_threads):
+    # A Python thread ticks while the main thread is inside one long call.
+    # Had the call kept the GIL, no tick could land inside it: with a long
+    # switch interval the main thread gives the GIL up only when it asks to.
+    rmsnorm.set_num_threads(1)
+    x, weight, grad, eps = problem(np.float64)
+    x, grad = np.tile(x, (8, 1)), np.tile(grad, (8, 1))  # tens of ms a call
+    call = ((lambda: rmsnorm.forward(x, weight, eps)) if gufunc == "forward"
+            else (lambda: rmsnorm.backward(grad, x, weight, eps)))
+    ticks, stop = [], threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.1)
+    thread = threading.Thread(target=ticker)
+    try:
+        thread.start()
+        time.sleep(0.01)  # the main thread now holds a fresh GIL
+        began = time.perf_counter()
+        call()
+        ended = time.perf_counter()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    inside = sum(began < tick < ended for tick in ticks)
+    assert inside > 100, f"{inside} ticks in a {1e3 * (ended - began):.0f} ms call"
+
+
+# ---------------------------------------------------------------------------
+# Fork. The pool's threads do not exist in a forked child; the pool must
+# forget them there and start new ones, and the child must not wait on a
+# lock that a parent's thread held at the fork.
+# ---------------------------------------------------------------------------
+
+FORK = multiprocessing.get_context("fork")
+CHILD_TIMEOUT = 60
+
+
+def _child_computes(queue, dtype, threads):
+    try:
+        rmsnorm.set_num_threads(threads)
+        queue.put(("ok", run_both(*problem(dtype))))
+    except BaseException as error:  # report anything, never hang the parent
+        queue.put(("error", repr(error)))
+
+
+def _run_in_child(dtype, threads):
+    queue = FORK.Queue()
+    child = FORK.Process(target=_child_computes, args=(queue, dtype, threads))
+    child.start()
+    try:
+        status, payload = queue.get(timeout=CHILD_TIMEOUT)
+    except Exception:
+        status, payload = "timeout", f"no answer from the child in {CHILD_TIMEOUT} s"
+    child.join(timeout=10)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert status == "ok", payload
+    assert child.exitcode == 0, f"child exit code {child.exitcode}"
+    return payload
+
+
+@pytest.mark.parametrize("child_threads", [1, 2], ids=lambda n: f"child_threads={n}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_child_forked_after_the_pool_ran_computes_correctly(dtype, child_threads,
+                                                            restore_num_threads):
+    rmsnorm.set_num_threads(2)
+    expected = run_both(*problem(dtype))  # the pool's workers now exist
+    assert _run_in_child(dtype, child_threads) == expected
+    assert run_both(*problem(dtype)) == expected, "the parent's pool broke after the fork"
+
+
+def test_child_forked_while_another_thread_uses_the_pool(restore_num_threads):
+    # Forks land at random points of a busy pool: a lock may be held, a task
+    # half done. Each child must still compute correctly on its own.
+    rmsnorm.set_num_threads(2)
+    args = problem(np.float32)
+    expected = run_both(*args)
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            run_both(*args)
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        for _ in range(3):
+            time.sleep(0.05)
+            assert _run_in_child(np.float32, 2) == expected
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    assert not worker.is_alive()
