@@ -13,6 +13,8 @@
 #define RMSNORM_KERNELS_DD_MATH_H
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #if defined(__GNUC__)
 #define RMS_ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -46,6 +48,18 @@ RMS_ALWAYS_INLINE double rms_product_error(double a, double b, double p)
     double tb = splitter * b, b_hi = tb - (tb - b), b_lo = b - b_hi;
     return ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo;
 #endif
+}
+
+/* value, or +0 where w is infinite; by bits, so loops stay vectorised. */
+RMS_ALWAYS_INLINE double rms_zero_where_inf(double value, double w)
+{
+    uint64_t v, wb;
+    memcpy(&v, &value, sizeof v);
+    memcpy(&wb, &w, sizeof wb);
+    uint64_t w_inf = 0u - (uint64_t)((wb & 0x7fffffffffffffffu) == 0x7ff0000000000000u);
+    v &= ~w_inf;
+    memcpy(&value, &v, sizeof v);
+    return value;
 }
 
 /* Adds a * b into the running sum *sum, its error terms into *comp. */

@@ -2,10 +2,9 @@
  * float16 and bfloat16 storage: conversions to and from float.
  *
  * Both are stored as 16-bit patterns. bfloat16 is the top half of a float, so
- * its conversions are shifts. float16 uses the hardware conversions where the
- * instruction set has them (F16C, through _Float16), and exact bit arithmetic
- * elsewhere, so the baseline build needs no compiler support for half types.
- * Every narrowing rounds to nearest, ties to even, as torch does.
+ * its conversions are shifts; float16's are exact bit arithmetic too, so no
+ * build needs compiler support for half types. Every narrowing rounds to
+ * nearest, ties to even, as torch does.
  */
 #ifndef RMSNORM_KERNELS_HALF_H
 #define RMSNORM_KERNELS_HALF_H
@@ -39,62 +38,43 @@ static inline uint16_t rms_float_to_bfloat16(float f)
     return (uint16_t)(u >> 16);
 }
 
-#if RMS_HAVE_F16C && defined(__FLT16_MANT_DIG__)
-static inline float rms_half_to_float(uint16_t h)
-{
-    _Float16 v;
-    memcpy(&v, &h, sizeof v);
-    return (float)v;
-}
-
-static inline uint16_t rms_float_to_half(float f)
-{
-    _Float16 v = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &v, sizeof h);
-    return h;
-}
-#else
+/*
+ * float16 by exact bit arithmetic, without branches, so that the compiler
+ * vectorises it in every instruction set. (Going through _Float16 would
+ * not: without AVX512-FP16 a half converts to double by a library call.)
+ */
 static inline float rms_half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exponent = (h >> 10) & 0x1fu;
-    uint32_t mantissa = h & 0x3ffu;
-    if (exponent == 0x1fu) { /* inf or NaN */
-        return rms_bits_float(sign | 0x7f800000u | (mantissa << 13));
-    }
-    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24, exact in float */
-        float magnitude = (float)mantissa * 0x1p-24f;
-        return sign ? -magnitude : magnitude;
-    }
-    return rms_bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+    uint32_t magnitude = h & 0x7fffu;
+    /* The 15 bits land in a float's exponent and mantissa; multiplying by
+       2^112 re-biases the exponent, and normalises subnormal halves exactly. */
+    float scaled = rms_bits_float(magnitude << 13) * 0x1p112f;
+    uint32_t inf_or_nan = 0u - (uint32_t)(magnitude >= 0x7c00u);
+    return rms_bits_float(rms_float_bits(scaled) | (0x7f800000u & inf_or_nan) | sign);
 }
 
 static inline uint16_t rms_float_to_half(float f)
 {
     uint32_t u = rms_float_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t magnitude = u & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) {
-        return (uint16_t)(sign | 0x7e00u); /* NaN */
-    }
-    if (magnitude >= 0x477ff000u) { /* rounds past 65504: inf */
-        return (uint16_t)(sign | 0x7c00u);
-    }
-    if (magnitude < 0x38800000u) { /* below 2^-14: a subnormal half */
-        /* f * 2^24 is exact, and converting it rounds to nearest even. */
-        float scaled = rms_bits_float(magnitude) * 0x1p24f;
-        uint32_t q = (uint32_t)scaled;
-        float rest = scaled - (float)q;
-        if (rest > 0.5f || (rest == 0.5f && (q & 1u))) {
-            q++;
-        }
-        return (uint16_t)(sign | q);
-    }
-    /* normal: drop 13 mantissa bits, rounding to nearest even */
-    uint32_t rounded = magnitude + 0xfffu + ((magnitude >> 13) & 1u);
-    return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
+    /* normal halves: re-bias the exponent, round to nearest even on the
+       13 dropped bits */
+    uint32_t normal = (magnitude + 0xc8000fffu + ((magnitude >> 13) & 1u)) >> 13;
+    /* subnormal halves: adding 0.5 aligns the 10 kept bits at the bottom of
+       the float, and the addition itself rounds to nearest even */
+    const float magic = 0.5f;
+    uint32_t subnormal = rms_float_bits(rms_bits_float(magnitude) + magic) - rms_float_bits(magic);
+    /* Selections by mask, not ?:, which the compiler turns into branches
+       that stop it vectorising. */
+    uint32_t is_subnormal = 0u - (uint32_t)(magnitude < 0x38800000u);
+    uint32_t is_inf = 0u - (uint32_t)(magnitude >= 0x477ff000u); /* past 65504 */
+    uint32_t is_nan = 0u - (uint32_t)(magnitude > 0x7f800000u);
+    uint32_t half = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+    half = (0x7c00u & is_inf) | (half & ~is_inf);
+    half = (0x7e00u & is_nan) | (half & ~is_nan);
+    return (uint16_t)(sign | half);
 }
-#endif
 
 #endif
