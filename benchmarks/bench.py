@@ -280,7 +280,7 @@ def plot(rows_out, path: Path) -> None:
         ax.set_xticks(xs, labels, fontsize=8)
         ax.set_title(f"forward, {threads} thread{'s' if threads > 1 else ''}")
         ax.set_ylabel("GB/s (bytes a copy moves)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, markerscale=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
