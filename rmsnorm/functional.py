@@ -99,8 +99,9 @@ def _prepare(input, normalized_shape, weight, eps):
     """Validates the arguments and folds the normalised dims into one.
 
     Returns (x, dtype, shape, n, weight_row, weight_dtype, eps): dtype is the
-    compute dtype of x, weight_dtype that of the loop's weight, and weight_row
-    the weight as one row of n (ones when weight is None). The common case,
+    compute dtype of x, weight_row the weight as one row of n in the dtype of
+    the loop that serves it (ones when weight is None), and weight_dtype the
+    weight's own dtype, native order: grad_weight's dtype, as in torch. The common case,
     ndarrays of a supported dtype and an int normalized_shape, takes the
     fewest steps: in a decoding step this overhead is most of the call.
     """
@@ -124,9 +125,9 @@ def _prepare(input, normalized_shape, weight, eps):
         if type(weight) is not np.ndarray:
             weight = _as_array(weight)
         # The type first: a str or an object is a wrong type, not a weight of shape [].
-        weight_dtype = weight.dtype
-        if weight_dtype not in WEIGHT_DTYPES[dtype]:
-            weight_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
+        loop_dtype = weight.dtype
+        if loop_dtype not in WEIGHT_DTYPES[dtype]:
+            loop_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
         if tuple(weight.shape) != shape:
             raise ValueError(
                 "Expected weight to be of same shape as normalized_shape, but got weight of "
@@ -145,6 +146,9 @@ def _prepare(input, normalized_shape, weight, eps):
         weight_row = _unit_weight(n, dtype)
     else:
         weight_row = weight if k == 1 else weight.reshape(n)
+        if weight_row.dtype != loop_dtype:
+            weight_row = weight_row.astype(loop_dtype)
+        weight_dtype = weight.dtype.newbyteorder("=")
     return x, dtype, shape, n, weight_row, weight_dtype, _resolve_eps(eps, dtype)
 
 
@@ -175,8 +179,6 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     x, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
         input, normalized_shape, weight, eps
     )
-    if weight_row.dtype != weight_dtype:
-        weight_row = weight_row.astype(weight_dtype)
     # Operands in their loop's dtypes pick that loop by themselves (a
     # byte-swapped x too), so no signature= is passed: a duck array's
     # __array_ufunc__ need not take one (dask's apply_gufunc has a signature
@@ -212,15 +214,10 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
     # As in rms_norm: the operands' dtypes, not a signature=, pick the loop.
     if grad.dtype != dtype:
         grad = grad.astype(dtype)
-    weight_loop = weight_row
-    if weight_loop.dtype != weight_dtype:
-        weight_loop = weight_loop.astype(weight_dtype)
-    grad_input, grad_weight = backward(grad.reshape(rows), x.reshape(rows), weight_loop, eps)
+    grad_input, grad_weight = backward(grad.reshape(rows), x.reshape(rows), weight_row, eps)
     grad_input = grad_input.reshape(x.shape)
     if weight is None:
         return grad_input, None
     # torch gives each gradient its tensor's dtype, also where the loop's
     # weight dtype differs (a float16 weight with float32 input, say).
-    return grad_input, grad_weight.reshape(shape).astype(
-        weight_row.dtype.newbyteorder("="), copy=False
-    )
+    return grad_input, grad_weight.reshape(shape).astype(weight_dtype, copy=False)
