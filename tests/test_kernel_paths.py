@@ -74,3 +74,35 @@ def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype):
         [rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[0] for i in pieces]))
     np.testing.assert_allclose(grad_weight, sum(rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[1]
                                                 for i in pieces), rtol=1e-5)
+
+
+def _at_byte_offset(shape: tuple[int, ...], dtype: type, offset: int) -> np.ndarray:
+    """An empty C-contiguous array whose data starts `offset` bytes past a 64-byte boundary."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buffer = np.empty(size + 128, np.uint8)
+    start = -buffer.ctypes.data % 64 + offset
+    return buffer[start:start + size].view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("offset", [0, 1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 60])
+def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset):
+    # Write passes go element by element until the output reaches a vector's
+    # alignment; that split must not show in the results.
+    rng = np.random.default_rng(offset)
+    shape = (3, 301)
+    x, dy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    w = rng.uniform(0.5, 1.5, shape[1]).astype(dtype)
+    eps = dtype(1e-6) if dtype != np.float16 else np.float32(1e-6)
+    expected = rmsnorm.forward(x, w, eps)
+    expected_grads = rmsnorm.backward(dy, x, w, eps)
+
+    x_moved, dy_moved = _at_byte_offset(shape, dtype, offset), _at_byte_offset(shape, dtype, offset)
+    x_moved[...], dy_moved[...] = x, dy
+    y, grad_input = _at_byte_offset(shape, dtype, offset), _at_byte_offset(shape, dtype, offset)
+    rmsnorm.forward(x_moved, w, eps, out=y)
+    grad_weight = np.empty_like(w)
+    rmsnorm.backward(dy_moved, x_moved, w, eps, out=(grad_input, grad_weight))
+    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(grad_input, expected_grads[0])
+    np.testing.assert_array_equal(grad_weight, expected_grads[1])

@@ -17,6 +17,7 @@
 #define RMS_ISA_SUFFIX avx2
 #define RMS_ISA_TABLE rms_kernels_avx2
 #define RMS_LANES 32
+#define RMS_VECTOR_BYTES 32
 #define RMS_HAVE_F16C 1
 #define RMS_HAVE_FMA 1
 #define RMS_STREAM_FLOATS 8

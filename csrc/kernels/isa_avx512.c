@@ -19,6 +19,7 @@
 #define RMS_ISA_SUFFIX avx512
 #define RMS_ISA_TABLE rms_kernels_avx512
 #define RMS_LANES 64
+#define RMS_VECTOR_BYTES 64
 #define RMS_HAVE_F16C 1
 #define RMS_HAVE_FMA 1
 #define RMS_STREAM_FLOATS 16
