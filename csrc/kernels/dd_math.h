@@ -72,18 +72,21 @@ RMS_ALWAYS_INLINE void rms_accumulate_exact(double *sum, double *comp, double a,
     *comp += s_err + p_err;
 }
 
-/* Sums `count` lane pairs (sum, comp) in a fixed order. */
-static inline rms_dd rms_dd_sum_lanes(int count, const double *sum, const double *comp)
+/* Sums `count` lane pairs (sum, comp), count a power of two, in a fixed
+   order; the lanes are used up. Pairwise, level by level, so that each
+   level is one vector operation rather than a chain of count dependent
+   additions (a twentieth of the float32 forward at 32x4096). */
+RMS_ALWAYS_INLINE rms_dd rms_dd_sum_lanes(int count, double *sum, double *comp)
 {
-    rms_dd total = {0.0, 0.0};
-    for (int k = 0; k < count; k++) {
-        double err;
-        total.hi = rms_two_sum(total.hi, sum[k], &err);
-        total.lo += err + comp[k];
+    for (int half = count / 2; half >= 1; half /= 2) {
+        for (int k = 0; k < half; k++) {
+            double err;
+            sum[k] = rms_two_sum(sum[k], sum[k + half], &err);
+            comp[k] += comp[k + half] + err;
+        }
     }
-    double err;
-    total.hi = rms_two_sum(total.hi, total.lo, &err);
-    total.lo = err;
+    rms_dd total;
+    total.hi = rms_two_sum(sum[0], comp[0], &total.lo);
     return total;
 }
 
