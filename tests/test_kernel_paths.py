@@ -76,6 +76,28 @@ def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype):
                                                 for i in pieces), rtol=1e-5)
 
 
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), [(np.float16, np.float16), (np.float32, np.float32),
+                                                  (np.float64, np.float64), (np.float16, np.float32),
+                                                  (np.float32, np.float64)],
+                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 4099])
+def test_a_row_gives_the_same_bytes_alone_as_among_others(x_dtype, w_dtype, n):
+    # Contiguous rows reduce the next row while writing this one; one row
+    # alone, and strided rows, do not. None of that may show in the bytes.
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((6, n)) * rng.uniform(0.1, 10.0, (6, 1))).astype(x_dtype)
+    w = rng.uniform(0.5, 1.5, n).astype(w_dtype)
+    eps = np.float64(1e-6) if x_dtype == np.float64 else np.float32(1e-6)
+    together = rmsnorm.forward(x, w, eps)
+    alone = np.stack([rmsnorm.forward(row, w, eps) for row in x])
+    strided_x = np.zeros((6, 2 * n), x_dtype)[:, ::2]
+    strided_x[...] = x
+    strided_y = np.zeros((6, 2 * n), x_dtype)[:, ::2]
+    rmsnorm.forward(strided_x, w, eps, out=strided_y)
+    np.testing.assert_array_equal(together, alone)
+    np.testing.assert_array_equal(together, strided_y)
+
+
 def _at_byte_offset(shape: tuple[int, ...], dtype: type, offset: int) -> np.ndarray:
     """An empty C-contiguous array whose data starts `offset` bytes past a 64-byte boundary."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
