@@ -109,8 +109,9 @@ typedef struct {
     const rms_backward_problem *problem;
     row_chunks chunks;
     atomic_ptrdiff_t next_commit;
-    double *total;    /* n doubles */
-    double *partials; /* n doubles per thread */
+    const double *weight; /* n doubles */
+    double *total;        /* n doubles */
+    double *partials;     /* n doubles per thread */
 } backward_job;
 
 static void backward_task(void *context, int thread_index, int thread_count)
@@ -122,7 +123,7 @@ static void backward_task(void *context, int thread_index, int thread_count)
     (void)thread_count;
     while ((chunk = take_chunk(&job->chunks, &begin, &end)) >= 0) {
         memset(partial, 0, (size_t)n * sizeof(double));
-        job->kernels->backward_rows(job->problem, begin, end, partial);
+        job->kernels->backward_rows(job->problem, begin, end, job->weight, partial);
         while (atomic_load_explicit(&job->next_commit, memory_order_acquire) != chunk) {
             sched_yield();
         }
@@ -145,12 +146,14 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     row_chunks_init(&job.chunks, rows, p.n, RMS_BACKWARD_CHUNK_ELEMENTS);
     atomic_init(&job.next_commit, 0);
     int threads = threads_for(&job.chunks, p.n);
-    double *scratch = calloc((size_t)p.n * ((size_t)threads + 1), sizeof(double));
+    double *scratch = calloc((size_t)p.n * ((size_t)threads + 2), sizeof(double));
     if (scratch == NULL) {
         return -1;
     }
-    job.total = scratch;
-    job.partials = scratch + p.n;
+    job.kernels->widen_row(p.n, p.weight, p.weight_stride, scratch);
+    job.weight = scratch;
+    job.total = scratch + p.n;
+    job.partials = scratch + 2 * p.n;
     if (job.chunks.count > 0) {
         rms_pool_run(backward_task, &job, threads);
     }

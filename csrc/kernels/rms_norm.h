@@ -49,14 +49,18 @@ typedef struct {
 /*
  * The kernels of one element type on one instruction set.
  *
- * backward_rows adds each row's grad_out * x_hat into grad_weight_partial
- * (n doubles), in row order, so that the caller can sum partials in a fixed
- * order and stay bit-for-bit deterministic.
+ * backward_rows reads the weight as n doubles (from widen_row), and adds
+ * each row's grad_out * x_hat into grad_weight_partial (n doubles), in row
+ * order, so that the caller can sum partials in a fixed order and stay
+ * bit-for-bit deterministic.
  */
 typedef struct {
     void (*forward_rows)(const rms_forward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end);
     void (*backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,
-                          double *grad_weight_partial);
+                          const double *weight, double *grad_weight_partial);
+    /* Reads n weights of the element type as doubles: once per backward
+       call, rather than converting them again on every row. */
+    void (*widen_row)(ptrdiff_t n, const char *src, ptrdiff_t src_stride, double *dst);
     /* Rounds n doubles into the element type (for grad_weight). */
     void (*store_row)(ptrdiff_t n, const double *src, char *dst, ptrdiff_t dst_stride);
     /* Reads an eps value stored in the type's eps dtype. */
