@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from ._core import backward, forward
+from ._core import _forward_direct, backward, forward
 from ._dtypes import DEFAULT_EPS, EPS_DTYPE, WEIGHT_DTYPES, loop_weight_dtype
 
 
@@ -78,9 +78,11 @@ def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
     duck array may turn a Python float into a float64 array (dask does),
     which would pick the float64 loop for float32 input."""
     eps_type = EPS_DTYPE[dtype].type
+    if type(eps) is float:
+        return eps_type(eps)
     if eps is None:
         return eps_type(DEFAULT_EPS[dtype])
-    if type(eps) is not float and (not isinstance(eps, numbers.Real) or isinstance(eps, bool)):
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
     return eps_type(eps)
 
@@ -111,6 +113,12 @@ def _prepare(input, normalized_shape, weight, eps):
         dtype = _compute_dtype(x, "input")
     if type(normalized_shape) is int:
         shape = (normalized_shape,)
+    elif (
+        type(normalized_shape) in (tuple, list)
+        and len(normalized_shape) == 1
+        and type(normalized_shape[0]) is int
+    ):
+        shape = (normalized_shape[0],)  # torch's usual [hidden]
     else:
         shape = normalized_shape_tuple(normalized_shape)
         if not shape:
@@ -183,7 +191,10 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     # byte-swapped x too), so no signature= is passed: a duck array's
     # __array_ufunc__ need not take one (dask's apply_gufunc has a signature
     # argument of its own, and hands dtype= to blockwise, not to the blocks).
-    y = forward(_rows(x, shape, n), weight_row, eps)
+    rows = _rows(x, shape, n)
+    y = _forward_direct(rows, weight_row, eps)  # plain arrays: skips the ufunc machinery
+    if y is None:
+        y = forward(rows, weight_row, eps)
     return y if len(shape) == 1 else y.reshape(x.shape)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import rmsnorm
 from closeness import ulp_distance
+from rmsnorm._dtypes import BF16
 
 ACTIVE_ISA, SUPPORTED_ISAS = rmsnorm._core._isa()
 
@@ -128,3 +129,54 @@ def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset):
     np.testing.assert_array_equal(y, expected)
     np.testing.assert_array_equal(grad_input, expected_grads[0])
     np.testing.assert_array_equal(grad_weight, expected_grads[1])
+
+
+DIRECT_DTYPES = [(np.float16, np.float16), (np.float16, np.float32), (np.float32, np.float32),
+                 (np.float32, np.float64), (np.float64, np.float64)]
+if BF16 is not None:  # the bfloat16 loops exist only with ml_dtypes
+    DIRECT_DTYPES += [(BF16, BF16), (BF16, np.float32)]
+
+
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), DIRECT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(7,), (1, 4096), (3, 5), (2, 3, 70), (0, 4)], ids=str)
+def test_rms_norms_direct_call_gives_the_gufuncs_bytes(x_dtype, w_dtype, shape):
+    # rms_norm skips the ufunc machinery for plain arrays; it runs the same
+    # loop, so the result must be the gufunc's, dtype and layout included.
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape).astype(x_dtype)
+    w = rng.uniform(0.5, 1.5, shape[-1]).astype(w_dtype)
+    eps = np.float64(1e-6) if np.dtype(x_dtype) == np.float64 else np.float32(1e-6)
+    direct = rmsnorm._core._forward_direct(x, w, eps)
+    expected = rmsnorm.forward(x, w, eps)
+    assert direct is not None
+    assert direct.dtype == expected.dtype and direct.flags.c_contiguous
+    np.testing.assert_array_equal(direct, expected)
+
+
+class _Subclass(np.ndarray):
+    pass
+
+
+_F32 = np.ones((2, 8), np.float32)
+_W32 = np.ones(8, np.float32)
+_EPS32 = np.float32(1e-6)
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param((_F32[:, ::2], _W32[::2], _EPS32), id="strided x"),
+    pytest.param((_F32.T.copy().T, _W32, _EPS32), id="fortran x"),
+    pytest.param((_F32.astype(">f4"), _W32, _EPS32), id="byte-swapped x"),
+    pytest.param((_F32, _W32.astype(">f4"), _EPS32), id="byte-swapped weight"),
+    pytest.param((_F32.view(_Subclass), _W32, _EPS32), id="subclass x"),
+    pytest.param((_F32, _W32.astype(np.float16), _EPS32), id="no loop for the weight dtype"),
+    pytest.param((_F32, np.ones(7, np.float32), _EPS32), id="weight of another length"),
+    pytest.param((_F32, np.ones((1, 8), np.float32), _EPS32), id="2-d weight"),
+    pytest.param((_F32, _W32, 1e-6), id="python float eps"),
+    pytest.param((_F32, _W32, np.float64(1e-6)), id="eps of another dtype"),
+    pytest.param((_F32, _W32, np.array(1e-6, np.float32)), id="0-d array eps"),
+    pytest.param((np.ones((2, 0), np.float32), np.ones(0, np.float32), _EPS32), id="empty rows"),
+    pytest.param((np.float32(1.0), _W32, _EPS32), id="scalar x"),
+    pytest.param((_F32.tolist(), _W32, _EPS32), id="list x"),
+])
+def test_rms_norms_direct_call_leaves_everything_else_to_the_gufunc(args):
+    assert rmsnorm._core._forward_direct(*args) is None

@@ -188,6 +188,66 @@ static loop_dtypes bfloat16_loops[] = {
     {RMS_BFLOAT16_WEIGHT32, -1, NPY_FLOAT, NPY_FLOAT},
 };
 
+/* The loop for x and weight of these type numbers, or NULL. */
+static const loop_dtypes *find_loop(int x, int weight)
+{
+    for (int t = 0; t < NUM_LOOPS; t++) {
+        if (loop_table[t].x == x && loop_table[t].weight == weight) {
+            return &loop_table[t];
+        }
+    }
+    for (size_t t = 0; t < sizeof(bfloat16_loops) / sizeof(bfloat16_loops[0]); t++) {
+        if (bfloat16_loops[t].x != -1 && bfloat16_loops[t].x == x &&
+            bfloat16_loops[t].weight == weight) {
+            return &bfloat16_loops[t];
+        }
+    }
+    return NULL;
+}
+
+PyObject *rms_forward_direct(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3) {
+        return PyErr_Format(PyExc_TypeError, "_forward_direct() takes x, weight and eps");
+    }
+    if (!PyArray_CheckExact(args[0]) || !PyArray_CheckExact(args[1]) ||
+        !PyArray_IsScalar(args[2], Generic)) {
+        Py_RETURN_NONE;
+    }
+    PyArrayObject *x = (PyArrayObject *)args[0], *weight = (PyArrayObject *)args[1];
+    const int ndim = PyArray_NDIM(x);
+    if (ndim < 1 || !PyArray_IS_C_CONTIGUOUS(x) || !PyArray_ISALIGNED(x) ||
+        !PyArray_ISNOTSWAPPED(x) || PyArray_NDIM(weight) != 1 || !PyArray_ISALIGNED(weight) ||
+        !PyArray_ISNOTSWAPPED(weight)) {
+        Py_RETURN_NONE;
+    }
+    const npy_intp n = PyArray_DIM(x, ndim - 1);
+    const loop_dtypes *loop = find_loop(PyArray_TYPE(x), PyArray_TYPE(weight));
+    PyArray_Descr *eps_descr = PyArray_DescrFromScalar(args[2]);
+    const int eps_matches = eps_descr != NULL && loop != NULL && eps_descr->type_num == loop->eps;
+    Py_XDECREF(eps_descr);
+    if (n == 0 || PyArray_DIM(weight, 0) != n || !eps_matches) {
+        Py_RETURN_NONE;
+    }
+    double eps[1]; /* room for the widest eps type */
+    PyArray_ScalarAsCtype(args[2], eps);
+    PyArrayObject *y = (PyArrayObject *)PyArray_NewLikeArray(x, NPY_CORDER, NULL, 0);
+    if (y == NULL) {
+        return NULL;
+    }
+    const npy_intp item = PyArray_ITEMSIZE(x);
+    char *loop_args[] = {PyArray_BYTES(x), PyArray_BYTES(weight), (char *)eps, PyArray_BYTES(y)};
+    const npy_intp dimensions[] = {PyArray_SIZE(x) / n, n};
+    /* outer strides of x, weight, eps, y; then the core strides of x, weight, y */
+    const npy_intp steps[] = {n * item, 0, 0, n * item, item, PyArray_STRIDE(weight, 0), item};
+    NPY_BEGIN_THREADS_DEF
+    NPY_BEGIN_THREADS
+    forward_loop(loop_args, dimensions, steps, (void *)loop);
+    NPY_END_THREADS
+    return (PyObject *)y;
+}
+
 int rms_register_bfloat16(PyObject *module, int type_num)
 {
     if (bfloat16_loops[0].x != -1) {

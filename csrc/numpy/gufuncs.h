@@ -12,4 +12,15 @@ int rms_add_gufuncs(PyObject *module);
    bfloat16. Returns 0, or -1 with an exception set. */
 int rms_register_bfloat16(PyObject *module, int type_num);
 
+/*
+ * rms_norm's way past the ufunc machinery, which costs more than the
+ * arithmetic of a decoding step (about 1.3 of 2.3 us at 1x4096): with x a
+ * C-contiguous, aligned, native ndarray, weight a 1-D ndarray of its n in
+ * the loop's dtype and eps a NumPy scalar of the loop's eps dtype, runs the
+ * forward loop on every row and returns y. For anything else it returns
+ * None, and the caller uses the gufunc, which takes every case: the same
+ * loop either way, so the same bytes.
+ */
+PyObject *rms_forward_direct(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
 #endif

@@ -124,6 +124,10 @@ static PyMethodDef methods[] = {
      "_set_isa(name, /)\n\n"
      "Runs the kernels on another supported instruction set (for tests).\n"
      "At start-up, the environment variable RMSNORM_ISA does the same."},
+    {"_forward_direct", (PyCFunction)(void (*)(void))rms_forward_direct, METH_FASTCALL,
+     "_forward_direct(x, weight, eps, /) -> y or None\n\n"
+     "forward(x, weight, eps) without the ufunc machinery, for plain arrays\n"
+     "already in a loop's dtypes; None for anything else (rms_norm's fast path)."},
     {"_register_bfloat16", register_bfloat16, METH_O,
      "_register_bfloat16(dtype, /)\n\n"
      "Adds the bfloat16 loops to forward and backward for ml_dtypes.bfloat16.\n"
