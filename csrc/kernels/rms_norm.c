@@ -146,7 +146,11 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     row_chunks_init(&job.chunks, rows, p.n, RMS_BACKWARD_CHUNK_ELEMENTS);
     atomic_init(&job.next_commit, 0);
     int threads = threads_for(&job.chunks, p.n);
-    double *scratch = calloc((size_t)p.n * ((size_t)threads + 2), sizeof(double));
+    /* One chunk needs no partials: its sum, added to a zero total, is the
+       total (a sum that starts at +0 is never -0). A decoding step's
+       backward then touches no scratch beyond the weight and the total. */
+    const int one_chunk = job.chunks.count <= 1;
+    double *scratch = malloc((size_t)p.n * (size_t)(one_chunk ? 2 : threads + 2) * sizeof(double));
     if (scratch == NULL) {
         return -1;
     }
@@ -154,7 +158,11 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     job.weight = scratch;
     job.total = scratch + p.n;
     job.partials = scratch + 2 * p.n;
-    if (job.chunks.count > 0) {
+    memset(job.total, 0, (size_t)p.n * sizeof(double));
+    if (one_chunk && job.chunks.count == 1) {
+        job.kernels->backward_rows(&p, 0, rows, job.weight, job.total);
+    }
+    else if (job.chunks.count > 1) {
         rms_pool_run(backward_task, &job, threads);
     }
     job.kernels->store_row(p.n, job.total, grad_weight, grad_weight_stride);
