@@ -7,7 +7,7 @@ any element from the exact result. The exact result is computed from the
 same (already rounded) inputs in long double for float64 inputs and in
 float64 for the narrower ones, whose products and sums that precision holds
 exactly enough. Gradients are compared norm-wise: ||ours - exact|| / ||exact||.
-tests/test_accuracy.py asserts the goals on this same corpus.
+tests/test_dtypes_accuracy.py asserts the goals on this same corpus.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ stores they do not depend on. That happens when y lies a little past x in
 the page, for the kernels and np.copyto alike. bench.py page-aligns all its
 arrays (offset 0), so that its figures do not move with the heap's state;
 this table shows what other placements cost. float32, 32x4096 (in cache),
-one thread, medians of per-call times.
+one thread, medians of per-call times over interleaved rounds.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import rmsnorm
 ROWS, HIDDEN = 32, 4096
 OFFSETS = [0, 16, 48, 64, 128, 256, 512, 2048, 4080]
 PAGE = 4096
+ROUNDS = 5
 
 
 def at_page_offset(shape: tuple[int, ...], offset: int) -> np.ndarray:
@@ -34,7 +35,7 @@ def at_page_offset(shape: tuple[int, ...], offset: int) -> np.ndarray:
     return buffer[start:start + size * 4].view(np.float32).reshape(shape)
 
 
-def median_microseconds(fn, calls: int = 2000) -> float:
+def median_microseconds(fn, calls: int = 500) -> float:
     for _ in range(calls // 10):  # warm-up
         fn()
     times = []
@@ -53,14 +54,20 @@ def main() -> int:
     w = rng.standard_normal(HIDDEN).astype(np.float32)
     grad_weight = np.empty_like(w)
     eps = np.float32(1e-6)
+    outputs = {offset: at_page_offset((ROWS, HIDDEN), offset) for offset in OFFSETS}
+    samples: dict[int, list[tuple[float, float, float]]] = {offset: [] for offset in OFFSETS}
+    for _ in range(ROUNDS):  # interleaved, so that a noisy spell hits every offset alike
+        for offset, y in outputs.items():
+            samples[offset].append((
+                median_microseconds(lambda: np.copyto(y, x)),
+                median_microseconds(lambda: rmsnorm.forward(x, w, eps, out=y)),
+                median_microseconds(lambda: rmsnorm.backward(dy, x, w, eps, out=(y, grad_weight))),
+            ))
     print(f"float32 {ROWS}x{HIDDEN}, 1 thread, microseconds per call (median)\n")
     print("| y's offset past x (bytes) | np.copyto | forward | backward |")
     print("| --- | --- | --- | --- |")
-    for offset in OFFSETS:
-        y = at_page_offset((ROWS, HIDDEN), offset)
-        copy = median_microseconds(lambda: np.copyto(y, x))
-        forward = median_microseconds(lambda: rmsnorm.forward(x, w, eps, out=y))
-        backward = median_microseconds(lambda: rmsnorm.backward(dy, x, w, eps, out=(y, grad_weight)))
+    for offset, rounds in samples.items():
+        copy, forward, backward = (statistics.median(column) for column in zip(*rounds))
         print(f"| {offset} | {copy:.1f} | {forward:.1f} | {backward:.1f} |")
     return 0
 

@@ -110,3 +110,14 @@ def test_section_splitting_finds_blocks_and_skips_comments(tmp_path):
     assert python_sections(str(document)) == [
         ("(top)", ["a = 1\n"]), ("One", ["b = 2\n"]), ("Two", ["c = 3\n"])]
 
+
+
+@pytest.mark.parametrize("path", documents(), ids=os.path.basename)
+def test_markdown_has_no_unclosed_fence_or_comment(path):
+    # An unmatched ``` turns the rest of a rendered page into code, and a
+    # stray --> shows as text; neither stops the examples above from running.
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    fences = [line for line in text.splitlines() if line.startswith("```")]
+    assert len(fences) % 2 == 0, f"{len(fences)} fence lines: one is unclosed"
+    assert text.count("<!--") == text.count("-->"), "an HTML comment is not closed or not opened"
