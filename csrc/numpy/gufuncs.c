@@ -1,7 +1,8 @@
 /*
  * The gufuncs: a descriptor table (name, signature, doc, loop) and one loop
  * per gufunc that unpacks NumPy's dimensions and steps into a kernel
- * problem. The loops run with the GIL released and touch no Python object.
+ * problem. The loops run with the GIL released and touch no Python object,
+ * except to raise MemoryError (taking the GIL for it).
  */
 #include "gufuncs.h"
 
@@ -225,19 +226,25 @@ PyObject *rms_forward_direct(PyObject *module, PyObject *const *args, Py_ssize_t
     const npy_intp n = PyArray_DIM(x, ndim - 1);
     const loop_dtypes *loop = find_loop(PyArray_TYPE(x), PyArray_TYPE(weight));
     PyArray_Descr *eps_descr = PyArray_DescrFromScalar(args[2]);
-    const int eps_matches = eps_descr != NULL && loop != NULL && eps_descr->type_num == loop->eps;
-    Py_XDECREF(eps_descr);
+    if (eps_descr == NULL) {
+        return NULL;
+    }
+    const int eps_matches = loop != NULL && eps_descr->type_num == loop->eps;
+    Py_DECREF(eps_descr);
     if (n == 0 || PyArray_DIM(weight, 0) != n || !eps_matches) {
         Py_RETURN_NONE;
     }
-    double eps[1]; /* room for the widest eps type */
-    PyArray_ScalarAsCtype(args[2], eps);
+    union {
+        float f;
+        double d;
+    } eps; /* the loop reads it as its eps type */
+    PyArray_ScalarAsCtype(args[2], &eps);
     PyArrayObject *y = (PyArrayObject *)PyArray_NewLikeArray(x, NPY_CORDER, NULL, 0);
     if (y == NULL) {
         return NULL;
     }
     const npy_intp item = PyArray_ITEMSIZE(x);
-    char *loop_args[] = {PyArray_BYTES(x), PyArray_BYTES(weight), (char *)eps, PyArray_BYTES(y)};
+    char *loop_args[] = {PyArray_BYTES(x), PyArray_BYTES(weight), (char *)&eps, PyArray_BYTES(y)};
     const npy_intp dimensions[] = {PyArray_SIZE(x) / n, n};
     /* outer strides of x, weight, eps, y; then the core strides of x, weight, y */
     const npy_intp steps[] = {n * item, 0, 0, n * item, item, PyArray_STRIDE(weight, 0), item};
