@@ -17,8 +17,11 @@
 #define RMS_FORWARD_CHUNK_ELEMENTS 16384
 #define RMS_BACKWARD_CHUNK_ELEMENTS 65536
 /* Below this many elements a problem stays on the calling thread: waking a
-   worker costs more than the work (measured with benchmarks/bench.py). */
-#define RMS_PARALLEL_MIN_ELEMENTS 131072
+   worker, and splitting what fits in one core's cache, costs more than the
+   work. Measured on float32 rows of 4096: two threads gained nothing on the
+   forward at 32 rows and lost a third on the backward; at 64 rows both
+   gained. */
+#define RMS_PARALLEL_MIN_ELEMENTS 262144
 /* Outputs at least this large are written with non-temporal stores: they
    cannot stay in cache for the caller anyway, and skipping the read of each
    line before writing it saves a third of the traffic (2048x4096 float32 and

@@ -627,8 +627,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rms_pool_set_num_threads(s.threads);
 
     if (s.big) {
-        s.rows = 64;
-        s.n = 2048 + (ptrdiff_t)(take(&in, 1) % 64); /* 64 x 2048: the pool's threshold */
+        s.rows = 128;
+        s.n = 2048 + (ptrdiff_t)(take(&in, 1) % 64); /* 128 x 2048: the pool's threshold */
         in.left = 0; /* values from the generator: a few bytes make the whole problem */
     }
     else {
