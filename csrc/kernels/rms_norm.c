@@ -149,11 +149,12 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     row_chunks_init(&job.chunks, rows, p.n, RMS_BACKWARD_CHUNK_ELEMENTS);
     atomic_init(&job.next_commit, 0);
     int threads = threads_for(&job.chunks, p.n);
-    /* One chunk needs no partials: its sum, added to a zero total, is the
-       total (a sum that starts at +0 is never -0). A decoding step's
-       backward then touches no scratch beyond the weight and the total. */
-    const int one_chunk = job.chunks.count <= 1;
-    double *scratch = malloc((size_t)p.n * (size_t)(one_chunk ? 2 : threads + 2) * sizeof(double));
+    /* Past one chunk, each thread sums its chunks into a partial of its
+       own. One chunk needs none: its sum, added to a zero total, is the
+       total (a sum that starts at +0 is never -0), so a decoding step's
+       backward touches no scratch beyond the weight and the total. */
+    const int partials = job.chunks.count > 1 ? threads : 0;
+    double *scratch = malloc((size_t)p.n * (size_t)(2 + partials) * sizeof(double));
     if (scratch == NULL) {
         return -1;
     }
@@ -162,11 +163,11 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     job.total = scratch + p.n;
     job.partials = scratch + 2 * p.n;
     memset(job.total, 0, (size_t)p.n * sizeof(double));
-    if (one_chunk && job.chunks.count == 1) {
-        job.kernels->backward_rows(&p, 0, rows, job.weight, job.total);
-    }
-    else if (job.chunks.count > 1) {
+    if (partials > 0) {
         rms_pool_run(backward_task, &job, threads);
+    }
+    else if (job.chunks.count == 1) {
+        job.kernels->backward_rows(&p, 0, rows, job.weight, job.total);
     }
     job.kernels->store_row(p.n, job.total, grad_weight, grad_weight_stride);
     free(scratch);
