@@ -20,19 +20,11 @@ import time
 import numpy as np
 
 import rmsnorm
+from bench import at_page_offset  # benchmarks/bench.py, beside this script
 
 ROWS, HIDDEN = 32, 4096
 OFFSETS = [0, 16, 48, 64, 128, 256, 512, 2048, 4080]
-PAGE = 4096
 ROUNDS = 5
-
-
-def at_page_offset(shape: tuple[int, ...], offset: int) -> np.ndarray:
-    """An empty float32 array whose data starts `offset` bytes into a page."""
-    size = int(np.prod(shape))
-    buffer = np.empty(size * 4 + 2 * PAGE, np.uint8)
-    start = -buffer.ctypes.data % PAGE + offset
-    return buffer[start:start + size * 4].view(np.float32).reshape(shape)
 
 
 def median_microseconds(fn, calls: int = 500) -> float:
@@ -49,12 +41,12 @@ def median_microseconds(fn, calls: int = 500) -> float:
 def main() -> int:
     rmsnorm.set_num_threads(1)
     rng = np.random.default_rng(0)
-    x, dy = at_page_offset((ROWS, HIDDEN), 0), at_page_offset((ROWS, HIDDEN), 0)
+    x, dy = (at_page_offset((ROWS, HIDDEN), np.float32, 0) for _ in range(2))
     x[...], dy[...] = rng.standard_normal((2, ROWS, HIDDEN))
     w = rng.standard_normal(HIDDEN).astype(np.float32)
     grad_weight = np.empty_like(w)
     eps = np.float32(1e-6)
-    outputs = {offset: at_page_offset((ROWS, HIDDEN), offset) for offset in OFFSETS}
+    outputs = {offset: at_page_offset((ROWS, HIDDEN), np.float32, offset) for offset in OFFSETS}
     samples: dict[int, list[tuple[float, float, float]]] = {offset: [] for offset in OFFSETS}
     for _ in range(ROUNDS):  # interleaved, so that a noisy spell hits every offset alike
         for offset, y in outputs.items():

@@ -92,6 +92,17 @@ def numpy_forward_backward(x, w, dy):
     return y, dx, dw
 
 
+PAGE = 4096
+
+
+def at_page_offset(shape: tuple[int, ...], dtype, offset: int) -> np.ndarray:
+    """An empty array whose data starts `offset` bytes into a page."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buffer = np.empty(nbytes + 2 * PAGE, np.uint8)
+    start = -buffer.ctypes.data % PAGE + offset
+    return buffer[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def page_aligned(values: np.ndarray) -> np.ndarray:
     """A copy of ``values`` whose data starts on a page boundary.
 
@@ -101,10 +112,7 @@ def page_aligned(values: np.ndarray) -> np.ndarray:
     heap's history, so every array here starts on a page: the figures then
     do not move with it, for any candidate.
     """
-    page = 4096
-    buffer = np.empty(values.nbytes + page, np.uint8)
-    start = -buffer.ctypes.data % page
-    aligned = buffer[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    aligned = at_page_offset(values.shape, values.dtype, 0)
     aligned[...] = values
     return aligned
 
