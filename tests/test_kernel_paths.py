@@ -64,10 +64,14 @@ def test_rmsnorm_isa_cannot_ask_for_more_than_the_cpu_has():
     assert out.stdout.strip() == ACTIVE_ISA
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=lambda n: f"threads={n}")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
-def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype):
-    # Past 16 MiB the kernels write with non-temporal stores; row by row the
+def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype, threads,
+                                                                        restore_num_threads):
+    # Past 16 MiB the kernels write with non-temporal stores, and ask for the
+    # rows ahead (past each chunk's end, on one thread); row by row the
     # arithmetic must not change. 4099 columns also leave rows unaligned.
+    rmsnorm.set_num_threads(threads)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1100 if dtype == np.float32 else 550, 4099)).astype(dtype)
     w = rng.uniform(0.5, 1.5, 4099).astype(dtype)
