@@ -6,12 +6,13 @@ The functional API returns new arrays, so at 4096x8192 float32 each call
 takes 128 MiB of memory that the kernel must map and zero before rmsnorm
 writes a byte. On some virtual machines the host takes back memory the
 guest has left free for a moment (virtio-balloon free page reporting), and
-getting it back costs far more than zeroing it. bench.py interleaves
+getting it back can cost far more than zeroing it. bench.py interleaves
 candidates that run for a second or more, so its fresh-output timings fall
 on either side of that. This script times the same calls both ways:
 
 - "warm": repeated at once, so each call gets the pages the last one freed;
-- "after a pause": each call after `--pause` seconds with nothing allocated.
+- "after a pause": each call after `--pause` seconds in which nothing was
+  allocated or freed.
 """
 
 from __future__ import annotations
