@@ -103,9 +103,10 @@ def _prepare(input, normalized_shape, weight, eps):
     Returns (x, dtype, shape, n, weight_row, weight_dtype, eps): dtype is the
     compute dtype of x, weight_row the weight as one row of n in the dtype of
     the loop that serves it (ones when weight is None), and weight_dtype the
-    weight's own dtype, native order: grad_weight's dtype, as in torch. The common case,
-    ndarrays of a supported dtype and an int normalized_shape, takes the
-    fewest steps: in a decoding step this overhead is most of the call.
+    weight's own dtype, native order: grad_weight's dtype, as in torch. The
+    common case, ndarrays of a supported dtype and an int normalized_shape,
+    takes the fewest steps: in a decoding step this overhead is most of the
+    call.
     """
     x = input if type(input) is np.ndarray else _as_array(input)
     dtype = x.dtype

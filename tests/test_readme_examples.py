@@ -111,7 +111,6 @@ def test_section_splitting_finds_blocks_and_skips_comments(tmp_path):
         ("(top)", ["a = 1\n"]), ("One", ["b = 2\n"]), ("Two", ["c = 3\n"])]
 
 
-
 @pytest.mark.parametrize("path", documents(), ids=os.path.basename)
 def test_markdown_has_no_unclosed_fence_or_comment(path):
     # An unmatched ``` turns the rest of a rendered page into code, and a
