@@ -7,7 +7,7 @@
  * row, so it costs nothing next to the memory traffic of the row itself.
  *
  * Included by every instruction-set build of the kernels, after its target
- * pragma, so RMS_HAVE_FMA tells whether fma() is a single instruction.
+ * pragma, so fma() is a single instruction where the target has one.
  */
 #ifndef RMSNORM_KERNELS_DD_MATH_H
 #define RMSNORM_KERNELS_DD_MATH_H
@@ -16,11 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__)
-#define RMS_ALWAYS_INLINE static inline __attribute__((always_inline))
-#else
-#define RMS_ALWAYS_INLINE static inline
-#endif
+#include "simd/common.h"
 
 typedef struct {
     double hi, lo;
@@ -33,43 +29,6 @@ RMS_ALWAYS_INLINE double rms_two_sum(double a, double b, double *err)
     double b_virtual = s - a;
     *err = (a - (s - b_virtual)) + (b - b_virtual);
     return s;
-}
-
-/* The rounding error of p = a * b, so that a * b == p + error exactly. */
-RMS_ALWAYS_INLINE double rms_product_error(double a, double b, double p)
-{
-#if RMS_HAVE_FMA
-    return fma(a, b, -p);
-#else
-    /* Dekker's split: without a fused multiply-add, fma() is a slow library
-       call, and this loop must stay vectorisable. */
-    const double splitter = 134217729.0; /* 2^27 + 1 */
-    double ta = splitter * a, a_hi = ta - (ta - a), a_lo = a - a_hi;
-    double tb = splitter * b, b_hi = tb - (tb - b), b_lo = b - b_hi;
-    return ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo;
-#endif
-}
-
-/* value, or +0 where w is infinite; by bits, so loops stay vectorised. */
-RMS_ALWAYS_INLINE double rms_zero_where_inf(double value, double w)
-{
-    uint64_t v, wb;
-    memcpy(&v, &value, sizeof v);
-    memcpy(&wb, &w, sizeof wb);
-    uint64_t w_inf = 0u - (uint64_t)((wb & 0x7fffffffffffffffu) == 0x7ff0000000000000u);
-    v &= ~w_inf;
-    memcpy(&value, &v, sizeof v);
-    return value;
-}
-
-/* Adds a * b into the running sum *sum, its error terms into *comp. */
-RMS_ALWAYS_INLINE void rms_accumulate_exact(double *sum, double *comp, double a, double b)
-{
-    double p = a * b;
-    double p_err = rms_product_error(a, b, p);
-    double s_err;
-    *sum = rms_two_sum(*sum, p, &s_err);
-    *comp += s_err + p_err;
 }
 
 /* Sums `count` lane pairs (sum, comp), count a power of two, in a fixed

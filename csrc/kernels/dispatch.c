@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rms_norm.h"
+#include "kernels.h"
 
 extern const rms_kernels rms_kernels_baseline[RMS_NUM_TYPES];
 #if defined(__x86_64__) && defined(__GNUC__)

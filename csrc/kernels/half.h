@@ -1,14 +1,19 @@
 /*
- * float16 and bfloat16 storage: conversions to and from float.
+ * Scalar conversions: float16 and bfloat16 to and from float, and the
+ * roundings to odd that let a double reach 16 bits through float with one
+ * rounding in effect.
  *
- * Both are stored as 16-bit patterns. bfloat16 is the top half of a float, so
- * its conversions are shifts; float16's are exact bit arithmetic too, so no
- * build needs compiler support for half types. Every narrowing rounds to
- * nearest, ties to even, as torch does.
+ * float16 and bfloat16 are stored as 16-bit patterns. bfloat16 is the top
+ * half of a float, so its conversions are shifts; float16's are exact bit
+ * arithmetic too, so no build needs compiler support for half types. Every
+ * narrowing rounds to nearest, ties to even, as torch does. The vector
+ * vocabularies of the wider instruction sets have their own conversions;
+ * these serve the portable kernels and the once-per-call scalar work.
  */
 #ifndef RMSNORM_KERNELS_HALF_H
 #define RMSNORM_KERNELS_HALF_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -75,6 +80,38 @@ static inline uint16_t rms_float_to_half(float f)
     half = (0x7c00u & is_inf) | (half & ~is_inf);
     half = (0x7e00u & is_nan) | (half & ~is_nan);
     return (uint16_t)(sign | half);
+}
+
+/* d narrowed to float, rounded to odd: truncated, with the last bit set
+   where that lost anything. */
+static inline float rms_float_round_to_odd(double d)
+{
+    float nearest = (float)d;
+    uint32_t bits = rms_float_bits(nearest);
+    double back = (double)nearest;
+    if (fabs(back) > fabs(d)) {
+        bits -= 1; /* rounded away from zero: step back to the truncation */
+    }
+    if (back != d && !isnan(d)) {
+        bits |= 1u;
+    }
+    return rms_bits_float(bits);
+}
+
+/* hi + err, err below half an ulp of hi, rounded to odd as a double. */
+static inline double rms_double_round_to_odd(double hi, double err)
+{
+    if (!(err != 0.0)) {
+        return hi; /* exact, or NaN */
+    }
+    uint64_t bits;
+    memcpy(&bits, &hi, sizeof bits);
+    if (hi != 0.0 && signbit(hi) != signbit(err)) {
+        bits -= 1; /* hi is past hi + err: step back toward zero */
+    }
+    bits |= 1u;
+    memcpy(&hi, &bits, sizeof hi);
+    return hi;
 }
 
 #endif

@@ -1,5 +1,5 @@
 /* The row driver: deals rows to the thread pool in chunks. */
-#include "rms_norm.h"
+#include "kernels.h"
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -147,7 +147,7 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     if (p.n <= 0) {
         return 0;
     }
-    p.stream_output = streams_output(rows, p.n, p.grad_in.stride);
+    p.stream_output = streams_output(rows, p.n, p.grad_input.stride);
     backward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
     row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
     atomic_init(&job.next_commit, 0);
@@ -162,7 +162,7 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     if (scratch == NULL) {
         return -1;
     }
-    job.kernels->widen_row(p.n, p.weight, p.weight_stride, scratch);
+    job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);
     job.weight = scratch;
     job.total = scratch + p.n;
     job.partials = scratch + 2 * p.n;
@@ -173,7 +173,7 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     else if (job.chunks.count == 1) {
         job.kernels->backward_rows(&p, 0, rows, job.weight, job.total);
     }
-    job.kernels->store_row(p.n, job.total, grad_weight, grad_weight_stride);
+    job.kernels->store_weight(p.n, job.total, grad_weight, grad_weight_stride);
     free(scratch);
     return 0;
 }

@@ -63,19 +63,18 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
                           void *data)
 {
     const loop_dtypes *dtypes = data;
-    const rms_kernels *kernels = rms_kernels_for(dtypes->type);
     const npy_intp outer = dimensions[0], m = dimensions[1], n = dimensions[2];
     /* steps: 6 outer strides, then the core strides operand by operand */
     const npy_intp *core = steps + 6;
     for (npy_intp o = 0; o < outer; o++) {
         rms_backward_problem problem = {
             .n = n,
-            .grad_out = {args[0] + o * steps[0], core[0], core[1]},
+            .grad_output = {args[0] + o * steps[0], core[0], core[1]},
             .x = {args[1] + o * steps[1], core[2], core[3]},
             .weight = args[2] + o * steps[2],
             .weight_stride = core[4],
-            .eps = kernels->load_eps(args[3] + o * steps[3]),
-            .grad_in = {args[4] + o * steps[4], core[5], core[6]},
+            .eps = args[3] + o * steps[3],
+            .grad_input = {args[4] + o * steps[4], core[5], core[6]},
         };
         if (rms_norm_backward(dtypes->type, &problem, m, args[5] + o * steps[5], core[7]) != 0) {
             NPY_ALLOW_C_API_DEF

@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "../kernels/rms_norm.h"
+#include "../kernels/kernels.h"
 #include "../kernels/thread_pool.h"
 #include "gufuncs.h"
 

@@ -1,0 +1,794 @@
+/*
+ * The RMSNorm row kernels, written once against the vector vocabulary of
+ * simd/vec_*.h and compiled by each isa_*.c into one table of kernels per
+ * element type (types.h).
+ *
+ * Every function takes the storage kinds of x and of the weight as its
+ * first arguments. They are constants wherever a table entry calls in, so
+ * each type's kernels compile to straight-line code of their own: the
+ * switch on a kind, and the choice between compensated and plain sums,
+ * fold away.
+ *
+ * Every row is worked in two passes: one reduces, one writes, with the row
+ * still in cache between them. While a contiguous row is written, the next
+ * one is reduced in the same loop (in cache) or asked for ahead of time
+ * (outputs streamed to memory): rms_forward_row says why. Sums go into
+ * RMS_LANES double lanes, element i into lane i % RMS_LANES: it breaks the
+ * add latency chain, and fixes the summation order, so results do not
+ * depend on how rows are split among threads or whether a row is strided.
+ *
+ * The including file has defined RMS_LANES and included its vocabulary.
+ */
+#ifndef RMSNORM_KERNELS_ROW_KERNELS_H
+#define RMSNORM_KERNELS_ROW_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dd_math.h"
+#include "half.h"
+#include "kernels.h"
+
+#define RMS_VD_PER_VF (RMS_VF_WIDTH / RMS_VD_WIDTH)
+#define RMS_ACCUMULATORS (RMS_LANES / RMS_VD_WIDTH)
+/* The backward sums two things in one pass and gives each half the lanes:
+   more would not fit in the registers. */
+#define RMS_DOT_LANES (RMS_LANES / 2)
+
+/* ---- elements and blocks ------------------------------------------------ */
+
+RMS_ALWAYS_INLINE ptrdiff_t rms_kind_size(rms_kind kind)
+{
+    return kind == RMS_KIND_F64 ? 8 : kind == RMS_KIND_F32 ? 4 : 2;
+}
+
+/* Every value of the kind is a float, so products of two are exact in
+   double and a sum of them needs no compensation. */
+RMS_ALWAYS_INLINE int rms_kind_is_float_exact(rms_kind kind) { return kind != RMS_KIND_F64; }
+
+RMS_ALWAYS_INLINE const char *rms_element(const char *base, ptrdiff_t i, ptrdiff_t stride)
+{
+    return base + i * stride;
+}
+
+RMS_ALWAYS_INLINE char *rms_element_out(char *base, ptrdiff_t i, ptrdiff_t stride)
+{
+    return base + i * stride;
+}
+
+/* One element as a double, for per-row and per-call scalar work. */
+RMS_ALWAYS_INLINE double rms_load_scalar(rms_kind kind, const char *p)
+{
+    uint16_t bits;
+    float f;
+    double d;
+    switch (kind) {
+    case RMS_KIND_F16:
+        memcpy(&bits, p, sizeof bits);
+        return rms_half_to_float(bits);
+    case RMS_KIND_BF16:
+        memcpy(&bits, p, sizeof bits);
+        return rms_bfloat16_to_float(bits);
+    case RMS_KIND_F32:
+        memcpy(&f, p, sizeof f);
+        return f;
+    default:
+        memcpy(&d, p, sizeof d);
+        return d;
+    }
+}
+
+/* The doubles of a block: RMS_VF_WIDTH consecutive elements of a row. */
+typedef struct {
+    rms_vd part[RMS_VD_PER_VF];
+} rms_block;
+
+/* Copies count elements, stride bytes apart, into a zeroed packed block. */
+RMS_ALWAYS_INLINE void rms_gather(rms_kind kind, char *packed, const char *p, ptrdiff_t stride,
+                                  ptrdiff_t count)
+{
+    const size_t size = (size_t)rms_kind_size(kind);
+    memset(packed, 0, RMS_VF_WIDTH * size);
+    for (ptrdiff_t k = 0; k < count; k++) {
+        memcpy(packed + (size_t)k * size, p + k * stride, size);
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_scatter(rms_kind kind, char *p, ptrdiff_t stride, const char *packed,
+                                   ptrdiff_t count)
+{
+    const size_t size = (size_t)rms_kind_size(kind);
+    for (ptrdiff_t k = 0; k < count; k++) {
+        memcpy(p + k * stride, packed + (size_t)k * size, size);
+    }
+}
+
+/* A block of a 32- or 16-bit kind as floats. A block that is not whole and
+   contiguous (a row's head or tail, a strided row) goes through a packed
+   copy, zero where count ends, so that every element meets the same
+   arithmetic in the same lane. */
+RMS_ALWAYS_INLINE rms_vf rms_load_floats(rms_kind kind, const char *p, ptrdiff_t stride,
+                                         ptrdiff_t count)
+{
+    if (stride == rms_kind_size(kind) && count == RMS_VF_WIDTH) {
+        return rms_vf_load(kind, p);
+    }
+    char packed[RMS_VF_WIDTH * 4];
+    rms_gather(kind, packed, p, stride, count);
+    return rms_vf_load(kind, packed);
+}
+
+RMS_ALWAYS_INLINE rms_block rms_load_doubles(rms_kind kind, const char *p, ptrdiff_t stride,
+                                             ptrdiff_t count)
+{
+    rms_block block;
+    if (kind == RMS_KIND_F64) {
+        char packed[RMS_VF_WIDTH * 8];
+        const char *src = p;
+        if (stride != 8 || count != RMS_VF_WIDTH) {
+            rms_gather(kind, packed, p, stride, count);
+            src = packed;
+        }
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            block.part[h] = rms_vd_load(src + h * RMS_VD_WIDTH * 8);
+        }
+        return block;
+    }
+    const rms_vf floats = rms_load_floats(kind, p, stride, count);
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        block.part[h] = rms_vd_widen(floats, h);
+    }
+    return block;
+}
+
+RMS_ALWAYS_INLINE void rms_store_floats(rms_kind kind, char *p, ptrdiff_t stride, ptrdiff_t count,
+                                        rms_vf v, int stream)
+{
+    if (stride == rms_kind_size(kind) && count == RMS_VF_WIDTH) {
+        rms_vf_store(kind, p, v, stream);
+        return;
+    }
+    char packed[RMS_VF_WIDTH * 4];
+    rms_vf_store(kind, packed, v, 0);
+    rms_scatter(kind, p, stride, packed, count);
+}
+
+RMS_ALWAYS_INLINE void rms_store_doubles(char *p, ptrdiff_t stride, ptrdiff_t count,
+                                         const rms_block *block, int stream)
+{
+    if (stride == 8 && count == RMS_VF_WIDTH) {
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            rms_vd_store(p + h * RMS_VD_WIDTH * 8, block->part[h], stream);
+        }
+        return;
+    }
+    char packed[RMS_VF_WIDTH * 8];
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        rms_vd_store(packed + h * RMS_VD_WIDTH * 8, block->part[h], 0);
+    }
+    rms_scatter(RMS_KIND_F64, p, stride, packed, count);
+}
+
+/* Doubles stored in kind, each rounded once: to nearest for float, and for
+   16 bits to odd in float first, which then rounds to nearest as the
+   doubles would directly. */
+RMS_ALWAYS_INLINE void rms_store_narrowed(rms_kind kind, char *p, ptrdiff_t stride,
+                                          ptrdiff_t count, const rms_block *values, int stream)
+{
+    if (kind == RMS_KIND_F64) {
+        rms_store_doubles(p, stride, count, values, stream);
+    }
+    else if (kind == RMS_KIND_F32) {
+        rms_store_floats(kind, p, stride, count, rms_vf_narrow(values->part), stream);
+    }
+    else {
+        rms_store_floats(kind, p, stride, count, rms_vf_narrow_round_to_odd(values->part), stream);
+    }
+}
+
+/* hi + err (a double-double, err within half an ulp of hi) stored in kind,
+   rounded once: through a double rounded to odd where kind is narrower. */
+RMS_ALWAYS_INLINE void rms_store_rounded(rms_kind kind, char *p, ptrdiff_t stride, ptrdiff_t count,
+                                         const rms_block *hi, const rms_block *err, int stream)
+{
+    if (kind == RMS_KIND_F64) {
+        rms_store_doubles(p, stride, count, hi, stream);
+        return;
+    }
+    rms_block odd;
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        odd.part[h] = rms_vd_round_to_odd(hi->part[h], err->part[h]);
+    }
+    rms_store_narrowed(kind, p, stride, count, &odd, stream);
+}
+
+/* ---- reductions --------------------------------------------------------- */
+
+/* RMS_LANES running sums, each with the error terms of a compensated sum. */
+typedef struct {
+    rms_vd sum[RMS_ACCUMULATORS], comp[RMS_ACCUMULATORS];
+} rms_lanes;
+
+RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
+{
+    for (int k = 0; k < RMS_ACCUMULATORS; k++) {
+        lanes->sum[k] = rms_vd_set(0.0);
+        lanes->comp[k] = rms_vd_set(0.0);
+    }
+}
+
+/* The first `lanes` lanes summed in a fixed order. */
+RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count)
+{
+    double sum[RMS_LANES], comp[RMS_LANES];
+    for (int k = 0; k < count / RMS_VD_WIDTH; k++) {
+        rms_vd_store((char *)(sum + k * RMS_VD_WIDTH), lanes->sum[k], 0);
+        rms_vd_store((char *)(comp + k * RMS_VD_WIDTH), lanes->comp[k], 0);
+    }
+    return rms_dd_sum_lanes(count, sum, comp);
+}
+
+/* Adds a * b to one accumulator: with its rounding errors in comp where
+   the product is not exact in double (a float64 operand). */
+RMS_ALWAYS_INLINE void rms_accumulate(int compensated, rms_vd *sum, rms_vd *comp, rms_vd a, rms_vd b)
+{
+    if (compensated) {
+        const rms_vd p = rms_vd_mul(a, b);
+        const rms_vd p_err = rms_vd_product_error(a, b, p);
+        const rms_vd s = rms_vd_add(*sum, p);
+        const rms_vd b_virtual = rms_vd_sub(s, *sum);
+        const rms_vd s_err = rms_vd_add(rms_vd_sub(*sum, rms_vd_sub(s, b_virtual)),
+                                        rms_vd_sub(p, b_virtual));
+        *sum = s;
+        *comp = rms_vd_add(*comp, rms_vd_add(s_err, p_err));
+    }
+    else {
+        *sum = rms_vd_muladd(a, b, *sum); /* the product is exact: fused or not, one rounding */
+    }
+}
+
+/* Adds the squares of x[i, i + count), count <= RMS_LANES, times scale
+   where scaled, into lanes 0 to count - 1. */
+RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, rms_lanes *lanes, const char *x, ptrdiff_t xs,
+                                       ptrdiff_t i, ptrdiff_t count, int scaled, double scale)
+{
+    for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
+        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
+        if (offset >= count) {
+            break;
+        }
+        const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
+        rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, block_count);
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            const rms_vd e = scaled ? rms_vd_mul(v.part[h], rms_vd_set(scale)) : v.part[h];
+            const int k = b * RMS_VD_PER_VF + h;
+            rms_accumulate(!rms_kind_is_float_exact(xk), &lanes->sum[k], &lanes->comp[k], e, e);
+        }
+    }
+}
+
+/* sum(x^2) over a row whose first `done` elements (a multiple of
+   RMS_LANES) are already in the lanes. */
+RMS_ALWAYS_INLINE rms_dd rms_finish_squares(rms_kind xk, rms_lanes *lanes, ptrdiff_t done, ptrdiff_t n,
+                                            const char *x, ptrdiff_t xs, int scaled, double scale)
+{
+    ptrdiff_t i = done;
+    for (; i + RMS_LANES <= n; i += RMS_LANES) {
+        rms_add_squares(xk, lanes, x, xs, i, RMS_LANES, scaled, scale);
+    }
+    if (i < n) {
+        rms_add_squares(xk, lanes, x, xs, i, n - i, scaled, scale);
+    }
+    return rms_lanes_total(lanes, RMS_LANES);
+}
+
+RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
+                                         int scaled, double scale)
+{
+    rms_lanes lanes;
+    rms_lanes_clear(&lanes);
+    return rms_finish_squares(xk, &lanes, 0, n, x, xs, scaled, scale);
+}
+
+/* Adds x^2 and grad_output * weight * x over [i, i + count), count <=
+   RMS_DOT_LANES, into the first RMS_DOT_LANES lanes of each. */
+RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lanes *squares,
+                                               rms_lanes *dot, const char *x, ptrdiff_t xs,
+                                               const char *dy, ptrdiff_t dys, const double *w,
+                                               ptrdiff_t i, ptrdiff_t count)
+{
+    const int compensated_dot = !(rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk));
+    for (int b = 0; b < RMS_DOT_LANES / RMS_VF_WIDTH; b++) {
+        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
+        if (offset >= count) {
+            break;
+        }
+        const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
+        const ptrdiff_t at = i + offset;
+        rms_block xv = rms_load_doubles(xk, rms_element(x, at, xs), xs, block_count);
+        rms_block dyv = rms_load_doubles(xk, rms_element(dy, at, dys), dys, block_count);
+        rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(w + at), 8, block_count);
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            const int k = b * RMS_VD_PER_VF + h;
+            const rms_vd g = rms_vd_mul(dyv.part[h], wv.part[h]);
+            rms_accumulate(!rms_kind_is_float_exact(xk), &squares->sum[k], &squares->comp[k],
+                           xv.part[h], xv.part[h]);
+            rms_accumulate(compensated_dot, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
+        }
+    }
+}
+
+/*
+ * inv_rms of a row whose plain sum of squares left the safe range: scale
+ * the row by a power of two (exact) so that its largest element is near 1,
+ * sum again, and undo the scale on the result. This is what keeps float64
+ * rows near 1e160 or 1e-170 exact where a naive square overflows or
+ * underflows. Float32 and narrower rows never get here: their squares are
+ * exact in double.
+ */
+static inline rms_dd rms_inv_rms_rescaled(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
+                                          double eps, rms_dd unscaled)
+{
+    double amax = 0.0;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        double a = fabs(rms_load_scalar(xk, rms_element(x, i, xs)));
+        amax = (a > amax || isnan(a)) && !isnan(amax) ? a : amax; /* NaN sticks */
+    }
+    if (isnan(amax) || amax == 0.0) {
+        return rms_inv_rms_from_sum(unscaled, (double)n, eps); /* NaN, or 1/sqrt(eps) */
+    }
+    if (isinf(amax)) {
+        /* mean(x^2) is inf, so inv_rms is 0 (NaN if eps is NaN or -inf), as in
+           torch; the unscaled sum may hold NaN from its error terms instead. */
+        rms_dd infinite = {INFINITY + eps, 0.0};
+        return rms_dd_rsqrt(infinite);
+    }
+    int exponent;
+    frexp(amax, &exponent);
+    double scaled_eps = ldexp(eps, -2 * exponent);
+    if (isinf(scaled_eps)) {
+        /* eps dwarfs mean(x^2) by more than 2^1000: only eps counts. */
+        rms_dd zero = {0.0, 0.0};
+        return rms_inv_rms_from_sum(zero, (double)n, eps);
+    }
+    rms_dd scaled = rms_sum_squares(xk, n, x, xs, 1, ldexp(1.0, -exponent));
+    rms_dd inv_rms = rms_inv_rms_from_sum(scaled, (double)n, scaled_eps);
+    inv_rms.hi = ldexp(inv_rms.hi, -exponent);
+    inv_rms.lo = ldexp(inv_rms.lo, -exponent);
+    return inv_rms;
+}
+
+RMS_ALWAYS_INLINE rms_dd rms_inv_rms(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
+                                     double eps, rms_dd sum_squares)
+{
+    if (rms_sum_needs_rescale(sum_squares.hi)) {
+        return rms_inv_rms_rescaled(xk, n, x, xs, eps, sum_squares);
+    }
+    return rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+}
+
+/* ---- the forward -------------------------------------------------------- */
+
+/*
+ * y = x * inv_rms * weight for one block, rounded once.
+ *
+ * inv_rms comes as hi + lo, and the product is formed with its rounding
+ * errors, so the only rounding of note is the final one. For float32 and
+ * narrower, converting every element to double and back costs more than
+ * the arithmetic, so where fused multiply-adds exist the block is worked
+ * in float, with inv_rms split into two floats (rms_forward_row says
+ * where): u = x * inv_rms as u_hi + u_lo, then u_hi * w + u_lo * w in one
+ * fused rounding, to odd for 16-bit outputs.
+ */
+RMS_ALWAYS_INLINE void rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
+                                               ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
+                                               ptrdiff_t ys, ptrdiff_t count, rms_vf inv_hi,
+                                               rms_vf inv_lo, int stream)
+{
+    const rms_vf xv = rms_load_floats(xk, x, xs, count);
+    const rms_vf wv = rms_load_floats(wk, w, ws, count);
+    const rms_vf u_hi = rms_vf_mul(xv, inv_hi);
+    const rms_vf u_lo = rms_vf_fma(xv, inv_lo, rms_vf_product_error(xv, inv_hi, u_hi));
+    /* An infinite w: y is +-inf, as in torch; u_lo * w (0 * inf, or an inf
+       of the other sign) must not make it NaN. */
+    const rms_vf low = rms_vf_zero_where_inf(rms_vf_mul(u_lo, wv), wv);
+    const rms_vf yv = xk == RMS_KIND_F32 ? rms_vf_fma(u_hi, wv, low)
+                                         : rms_vf_fma_round_to_odd(u_hi, wv, low);
+    rms_store_floats(xk, y, ys, count, yv, stream);
+}
+
+/* The same in double, for every type: exact products where x and w are
+   floats, and a compensated product where either is a double. */
+RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
+                                                ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
+                                                ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms,
+                                                int stream)
+{
+    const rms_block xv = rms_load_doubles(xk, x, xs, count);
+    const rms_block wv = rms_load_doubles(wk, w, ws, count);
+    const rms_vd inv_hi = rms_vd_set(inv_rms.hi), inv_lo = rms_vd_set(inv_rms.lo);
+    rms_block hi, err;
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        const rms_vd xh = xv.part[h], wh = wv.part[h];
+        if (rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk)) {
+            const rms_vd xw = rms_vd_mul(xh, wh); /* exact */
+            hi.part[h] = rms_vd_mul(xw, inv_hi);
+            err.part[h] = rms_vd_zero_where_inf(
+                rms_vd_muladd(xw, inv_lo, rms_vd_product_error(xw, inv_hi, hi.part[h])), wh);
+            continue;
+        }
+        const rms_vd u_hi = rms_vd_mul(xh, inv_hi);
+        const rms_vd u_lo =
+            rms_vd_add(rms_vd_product_error(xh, inv_hi, u_hi), rms_vd_mul(xh, inv_lo));
+        const rms_vd low = rms_vd_zero_where_inf(rms_vd_mul(u_lo, wh), wh);
+        if (xk == RMS_KIND_F64) {
+            hi.part[h] = rms_vd_muladd(u_hi, wh, low); /* the output's one rounding */
+            err.part[h] = rms_vd_set(0.0);
+        }
+        else {
+            const rms_vd p = rms_vd_mul(u_hi, wh);
+            const rms_vd tail =
+                rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
+            hi.part[h] = rms_vd_add(p, tail);
+            err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
+        }
+    }
+    rms_store_rounded(xk, y, ys, count, &hi, &err, stream);
+}
+
+/* Asks for the bytes [p, p + bytes) to be brought into cache, without
+   waiting for them. A streamed write pass works from cache and leaves the
+   memory bus idle; asking for the next row meanwhile lets that row's
+   reduction pass find it in cache. Under AddressSanitizer, which does not
+   check prefetches, each line's first byte is read instead, so that the
+   sanitizer build checks every address asked for. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RMS_CHECK_PREFETCH 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RMS_CHECK_PREFETCH 1
+#endif
+#endif
+static inline void rms_prefetch(const char *p, ptrdiff_t bytes)
+{
+    for (ptrdiff_t b = 0; b < bytes; b += 64) {
+#if defined(RMS_CHECK_PREFETCH)
+        (void)*(const volatile char *)(p + b);
+#elif defined(__GNUC__)
+        /* locality 2: not into L1, which holds the row at work, where the
+           CPU honours the hint (prefetcht1) */
+        __builtin_prefetch(p + b, 0, 2);
+#else
+        (void)p;
+#endif
+    }
+}
+
+/* How many elements of a row to write a block at a time before out
+   reaches a vector's alignment: none for a strided row, or for one whose
+   elements can never get there. NumPy aligns its buffers to 16 bytes only,
+   and vector stores that straddle two cache lines cost a fifth of the
+   float32 forward in cache. */
+RMS_ALWAYS_INLINE ptrdiff_t rms_unaligned_head(const char *out, ptrdiff_t stride, ptrdiff_t size,
+                                               ptrdiff_t n)
+{
+    size_t misalignment = (size_t)((uintptr_t)out % RMS_VECTOR_BYTES);
+    if (stride != size || misalignment == 0 || misalignment % (size_t)size != 0) {
+        return 0;
+    }
+    ptrdiff_t head = (ptrdiff_t)((RMS_VECTOR_BYTES - misalignment) / (size_t)size);
+    return head < n ? head : n;
+}
+
+/* Whether whole blocks from out on can be streamed. */
+RMS_ALWAYS_INLINE int rms_can_stream(int stream, const char *out, ptrdiff_t stride, ptrdiff_t size)
+{
+    return RMS_HAVE_STREAM && stream && stride == size &&
+           (uintptr_t)out % RMS_VECTOR_BYTES == 0;
+}
+
+/* One block of the forward, in float or in double. */
+RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, int in_float, const char *x,
+                                         ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
+                                         ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms,
+                                         rms_vf inv_hi, rms_vf inv_lo, int stream)
+{
+    if (in_float) {
+        rms_forward_block_float(xk, wk, x, xs, w, ws, y, ys, count, inv_hi, inv_lo, stream);
+    }
+    else {
+        rms_forward_block_double(xk, wk, x, xs, w, ws, y, ys, count, inv_rms, stream);
+    }
+}
+
+/*
+ * Writes y for one row, given its inv_rms, and with next_x returns the
+ * next row's sum of squares. In cache the same loop reduces it: the
+ * reduction is bound by arithmetic and the write by loads and stores, and
+ * one loop doing both lets the core overlap them. Where the output is
+ * streamed, rows come from memory and the bus is free while the loop
+ * writes: it asks for the next row instead, which is then reduced from
+ * cache.
+ */
+RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, int in_float, ptrdiff_t n,
+                                           const char *x, ptrdiff_t xs, const char *w,
+                                           ptrdiff_t ws, char *y, ptrdiff_t ys, int stream,
+                                           rms_dd inv_rms, const char *next_x)
+{
+    const float inv_hi_float = (float)inv_rms.hi;
+    const rms_vf inv_hi = rms_vf_set(inv_hi_float);
+    const rms_vf inv_lo = rms_vf_set((float)((inv_rms.hi - (double)inv_hi_float) + inv_rms.lo));
+    const ptrdiff_t size = rms_kind_size(xk);
+    const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
+    const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
+    rms_lanes next;
+    rms_lanes_clear(&next);
+    ptrdiff_t next_done = 0;
+    ptrdiff_t i = 0;
+    for (; i < head; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
+        rms_forward_block(xk, wk, in_float, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
+                          rms_element_out(y, i, ys), ys, count, inv_rms, inv_hi, inv_lo, 0);
+    }
+    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
+        if (next_x != NULL && streamed) {
+            rms_prefetch(rms_element(next_x, i, xs), RMS_LANES * xs);
+        }
+        else if (next_x != NULL) {
+            rms_add_squares(xk, &next, next_x, xs, next_done, RMS_LANES, 0, 1.0);
+            next_done += RMS_LANES;
+        }
+        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
+            const ptrdiff_t at = i + b;
+            rms_forward_block(xk, wk, in_float, rms_element(x, at, xs), xs, rms_element(w, at, ws),
+                              ws, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH, inv_rms, inv_hi,
+                              inv_lo, streamed);
+        }
+    }
+    for (; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        rms_forward_block(xk, wk, in_float, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
+                          rms_element_out(y, i, ys), ys, count, inv_rms, inv_hi, inv_lo, 0);
+    }
+    if (next_x == NULL) {
+        rms_dd none = {0.0, 0.0};
+        return none;
+    }
+    return rms_finish_squares(xk, &next, next_done, n, next_x, xs, 0, 1.0);
+}
+
+/* One row of the forward: inv_rms from its sum of squares, then the write.
+   The float write needs inv_rms's low part inside float's normal range. */
+RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *x,
+                                         ptrdiff_t xs, const char *w, ptrdiff_t ws, double eps,
+                                         char *y, ptrdiff_t ys, int stream, rms_dd sum_squares,
+                                         const char *next_x)
+{
+    const rms_dd inv_rms = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
+    const int float_exact = rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk);
+    if (RMS_HAVE_FMA && float_exact && inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100) {
+        return rms_forward_write(xk, wk, 1, n, x, xs, w, ws, y, ys, stream, inv_rms, next_x);
+    }
+    return rms_forward_write(xk, wk, 0, n, x, xs, w, ws, y, ys, stream, inv_rms, next_x);
+}
+
+/* The forward's rows [row_begin, row_end). Contiguous rows get the strides
+   as constants, which lets each block be one vector load or store. */
+RMS_ALWAYS_INLINE void rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forward_problem *p,
+                                        ptrdiff_t row_begin, ptrdiff_t row_end)
+{
+    const ptrdiff_t n = p->n;
+    const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
+    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
+    const int contiguous = p->x.stride == es && p->y.stride == es && p->weight.stride == ws;
+    rms_dd sum_squares = {0.0, 0.0};
+    if (contiguous && row_begin < row_end) {
+        sum_squares = rms_sum_squares(xk, n, rms_element(p->x.data, row_begin, p->x.row_stride), es,
+                                      0, 1.0);
+    }
+    for (ptrdiff_t r = row_begin; r < row_end; r++) {
+        const char *x = rms_element(p->x.data, r, p->x.row_stride);
+        const char *w = rms_element(p->weight.data, r, p->weight.row_stride);
+        char *y = rms_element_out(p->y.data, r, p->y.row_stride);
+        const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
+        if (!contiguous) {
+            rms_forward_row(xk, wk, n, x, p->x.stride, w, p->weight.stride, eps, y, p->y.stride, 0,
+                            rms_sum_squares(xk, n, x, p->x.stride, 0, 1.0), NULL);
+            continue;
+        }
+        const char *next_x =
+            r + 1 < row_end ? rms_element(p->x.data, r + 1, p->x.row_stride) : NULL;
+        sum_squares = rms_forward_row(xk, wk, n, x, es, w, ws, eps, y, es, p->stream_output,
+                                      sum_squares, next_x);
+    }
+    if (RMS_HAVE_STREAM && p->stream_output) {
+        rms_stream_fence(); /* streamed stores are seen before the caller reads y */
+    }
+}
+
+/* ---- the backward ------------------------------------------------------- */
+
+/*
+ * grad_input = inv_rms * (g - x_hat * mean(g * x_hat)), g = grad_output * w,
+ * for one block, in double; adds grad_output * x_hat into grad_weight.
+ * This is inv_rms * g - inv_rms^3 / n * sum(g * x) * x rearranged so that no
+ * intermediate leaves the range of x_hat and g: inv_rms^3 underflows for
+ * rows near 1e160 while each factor here stays near 1.
+ */
+RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *dy, ptrdiff_t dys,
+                                          const char *x, ptrdiff_t xs, const double *w,
+                                          double *grad_weight, char *dx, ptrdiff_t dxs,
+                                          ptrdiff_t count, rms_vd inv_rms, rms_vd mean_g_x_hat,
+                                          int stream)
+{
+    const rms_block dyv = rms_load_doubles(xk, dy, dys, count);
+    const rms_block xv = rms_load_doubles(xk, x, xs, count);
+    const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)w, 8, count);
+    rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
+    rms_block out;
+    /* Fused only for outputs narrower than double, which round the same
+       either way: a float64 result would move by a rounding, and differ
+       from the paths without fused multiply-adds by more than the 1 ULP
+       they agree to. */
+    const int fused = RMS_HAVE_FMA && rms_kind_is_float_exact(xk);
+    const rms_vd minus_mean = rms_vd_sub(rms_vd_set(0.0), mean_g_x_hat);
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        const rms_vd x_hat = rms_vd_mul(xv.part[h], inv_rms);
+        const rms_vd g = rms_vd_mul(dyv.part[h], wv.part[h]);
+        if (fused) {
+            gw.part[h] = rms_vd_muladd(dyv.part[h], x_hat, gw.part[h]);
+            out.part[h] = rms_vd_mul(inv_rms, rms_vd_muladd(x_hat, minus_mean, g));
+        }
+        else {
+            gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(dyv.part[h], x_hat));
+            out.part[h] = rms_vd_mul(inv_rms, rms_vd_sub(g, rms_vd_mul(x_hat, mean_g_x_hat)));
+        }
+    }
+    rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
+    rms_store_narrowed(xk, dx, dxs, count, &out, stream);
+}
+
+/* One row of the backward. A streamed output's write loop also asks for
+   the grad_output and x of a row further on (ahead_dy and ahead_x, or
+   NULL), as rms_forward_write asks for the next row. */
+RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *dy,
+                                        ptrdiff_t dys, const char *x, ptrdiff_t xs,
+                                        const double *w, double eps, char *dx, ptrdiff_t dxs,
+                                        double *grad_weight, int stream, const char *ahead_dy,
+                                        const char *ahead_x)
+{
+    rms_lanes squares, dot;
+    rms_lanes_clear(&squares);
+    rms_lanes_clear(&dot);
+    ptrdiff_t i = 0;
+    for (; i + RMS_DOT_LANES <= n; i += RMS_DOT_LANES) {
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, dy, dys, w, i, RMS_DOT_LANES);
+    }
+    if (i < n) {
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, dy, dys, w, i, n - i);
+    }
+    const rms_dd sum_squares = rms_lanes_total(&squares, RMS_DOT_LANES);
+    const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES);
+    const rms_dd inv_rms_dd = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
+    const double inv_rms = inv_rms_dd.hi + inv_rms_dd.lo;
+    const rms_vd inv = rms_vd_set(inv_rms);
+    const rms_vd mean = rms_vd_set(inv_rms * (sum_g_x.hi + sum_g_x.lo) / (double)n);
+
+    const ptrdiff_t size = rms_kind_size(xk);
+    const ptrdiff_t head = rms_unaligned_head(dx, dxs, size, n);
+    const int streamed = rms_can_stream(stream, rms_element_out(dx, head, dxs), dxs, size);
+    for (i = 0; i < head; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
+        rms_backward_block(xk, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs, w + i,
+                           grad_weight + i, rms_element_out(dx, i, dxs), dxs, count, inv, mean, 0);
+    }
+    i = head;
+    for (; i + RMS_LANES <= n; i += RMS_LANES) {
+        if (streamed && ahead_x != NULL) {
+            rms_prefetch(rms_element(ahead_dy, i, dys), RMS_LANES * dys);
+            rms_prefetch(rms_element(ahead_x, i, xs), RMS_LANES * xs);
+        }
+        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
+            const ptrdiff_t at = i + b;
+            rms_backward_block(xk, rms_element(dy, at, dys), dys, rms_element(x, at, xs), xs,
+                               w + at, grad_weight + at, rms_element_out(dx, at, dxs), dxs,
+                               RMS_VF_WIDTH, inv, mean, streamed);
+        }
+    }
+    for (; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        rms_backward_block(xk, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs, w + i,
+                           grad_weight + i, rms_element_out(dx, i, dxs), dxs, count, inv, mean, 0);
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_backward_problem *p,
+                                         ptrdiff_t row_begin, ptrdiff_t row_end,
+                                         const double *weight, double *grad_weight_partial)
+{
+    const ptrdiff_t es = rms_kind_size(xk);
+    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
+    const double eps = rms_load_scalar(eps_kind, p->eps);
+    const int contiguous =
+        p->grad_output.stride == es && p->x.stride == es && p->grad_input.stride == es;
+    /* A write pass asks for the row two on: the next one is already on
+       its way, and asked for only one row ahead, its last lines arrive
+       after its reduction pass needs them. */
+    enum { AHEAD = 2 };
+    const ptrdiff_t ahead_end = p->ahead_end > row_end ? p->ahead_end : row_end;
+    for (ptrdiff_t r = row_begin; r < row_end; r++) {
+        const char *dy = rms_element(p->grad_output.data, r, p->grad_output.row_stride);
+        const char *x = rms_element(p->x.data, r, p->x.row_stride);
+        char *dx = rms_element_out(p->grad_input.data, r, p->grad_input.row_stride);
+        if (contiguous) {
+            const int ahead = r + AHEAD < ahead_end;
+            rms_backward_row(xk, wk, p->n, dy, es, x, es, weight, eps, dx, es, grad_weight_partial,
+                             p->stream_output,
+                             ahead ? rms_element(dy, AHEAD, p->grad_output.row_stride) : NULL,
+                             ahead ? rms_element(x, AHEAD, p->x.row_stride) : NULL);
+        }
+        else {
+            rms_backward_row(xk, wk, p->n, dy, p->grad_output.stride, x, p->x.stride, weight, eps,
+                             dx, p->grad_input.stride, grad_weight_partial, 0, NULL, NULL);
+        }
+    }
+    if (RMS_HAVE_STREAM && p->stream_output) {
+        rms_stream_fence();
+    }
+}
+
+/* The backward's weight as doubles, and grad_weight back into its kind. */
+RMS_ALWAYS_INLINE void rms_widen_weight(rms_kind wk, ptrdiff_t n, const char *src,
+                                        ptrdiff_t src_stride, double *dst)
+{
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_block v = rms_load_doubles(wk, rms_element(src, i, src_stride), src_stride, count);
+        rms_store_doubles((char *)(dst + i), 8, count, &v, 0);
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_store_weight(rms_kind wk, ptrdiff_t n, const double *src, char *dst,
+                                        ptrdiff_t dst_stride)
+{
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_block v = rms_load_doubles(RMS_KIND_F64, (const char *)(src + i), 8, count);
+        rms_store_narrowed(wk, rms_element_out(dst, i, dst_stride), dst_stride, count, &v, 0);
+    }
+}
+
+/* ---- one table entry per type ------------------------------------------- */
+
+#define RMS_ROW_KERNELS(name, x, weight)                                                   \
+    static void forward_rows_##name(const rms_forward_problem *p, ptrdiff_t row_begin,     \
+                                    ptrdiff_t row_end)                                     \
+    {                                                                                      \
+        rms_forward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end);          \
+    }                                                                                      \
+    static void backward_rows_##name(const rms_backward_problem *p, ptrdiff_t row_begin,   \
+                                     ptrdiff_t row_end, const double *weight,              \
+                                     double *grad_weight_partial)                          \
+    {                                                                                      \
+        rms_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, weight,  \
+                          grad_weight_partial);                                            \
+    }                                                                                      \
+    static void widen_weight_##name(ptrdiff_t n, const char *src, ptrdiff_t src_stride,    \
+                                    double *dst)                                           \
+    {                                                                                      \
+        rms_widen_weight(RMS_KIND_##weight, n, src, src_stride, dst);                      \
+    }                                                                                      \
+    static void store_weight_##name(ptrdiff_t n, const double *src, char *dst,             \
+                                    ptrdiff_t dst_stride)                                  \
+    {                                                                                      \
+        rms_store_weight(RMS_KIND_##weight, n, src, dst, dst_stride);                      \
+    }
+RMS_FOR_EACH_TYPE(RMS_ROW_KERNELS)
+#undef RMS_ROW_KERNELS
+
+#define RMS_TABLE_ENTRY(name, x, weight)                                                   \
+    [RMS_##name] = {forward_rows_##name, backward_rows_##name, widen_weight_##name,        \
+                    store_weight_##name},
+
+#endif

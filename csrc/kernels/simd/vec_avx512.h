@@ -1,0 +1,182 @@
+/*
+ * The vector vocabulary on x86-64 with AVX-512 (F, BW, DQ, VL) and F16C:
+ * 16 floats or 8 doubles a vector. See vec_baseline.h for the contract that
+ * every instruction set's vocabulary keeps; the row kernels use nothing else.
+ */
+#ifndef RMSNORM_KERNELS_SIMD_VEC_AVX512_H
+#define RMSNORM_KERNELS_SIMD_VEC_AVX512_H
+
+#include <immintrin.h>
+#include <stddef.h>
+
+#include "../types.h"
+#include "common.h"
+
+#define RMS_VF_WIDTH 16
+#define RMS_VD_WIDTH 8
+#define RMS_VECTOR_BYTES 64
+#define RMS_HAVE_FMA 1
+#define RMS_HAVE_STREAM 1
+
+typedef __m512 rms_vf;
+typedef __m512d rms_vd;
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_set(float v) { return _mm512_set1_ps(v); }
+RMS_ALWAYS_INLINE rms_vf rms_vf_add(rms_vf a, rms_vf b) { return _mm512_add_ps(a, b); }
+RMS_ALWAYS_INLINE rms_vf rms_vf_sub(rms_vf a, rms_vf b) { return _mm512_sub_ps(a, b); }
+RMS_ALWAYS_INLINE rms_vf rms_vf_mul(rms_vf a, rms_vf b) { return _mm512_mul_ps(a, b); }
+RMS_ALWAYS_INLINE rms_vf rms_vf_fma(rms_vf a, rms_vf b, rms_vf c) { return _mm512_fmadd_ps(a, b, c); }
+RMS_ALWAYS_INLINE rms_vf rms_vf_product_error(rms_vf a, rms_vf b, rms_vf p)
+{
+    return _mm512_fmsub_ps(a, b, p);
+}
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_set(double v) { return _mm512_set1_pd(v); }
+RMS_ALWAYS_INLINE rms_vd rms_vd_add(rms_vd a, rms_vd b) { return _mm512_add_pd(a, b); }
+RMS_ALWAYS_INLINE rms_vd rms_vd_sub(rms_vd a, rms_vd b) { return _mm512_sub_pd(a, b); }
+RMS_ALWAYS_INLINE rms_vd rms_vd_mul(rms_vd a, rms_vd b) { return _mm512_mul_pd(a, b); }
+RMS_ALWAYS_INLINE rms_vd rms_vd_muladd(rms_vd a, rms_vd b, rms_vd c) { return _mm512_fmadd_pd(a, b, c); }
+RMS_ALWAYS_INLINE rms_vd rms_vd_product_error(rms_vd a, rms_vd b, rms_vd p)
+{
+    return _mm512_fmsub_pd(a, b, p);
+}
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_zero_where_inf(rms_vf value, rms_vf w)
+{
+    const int infinite = 0x08 | 0x10; /* vfpclass: +inf, -inf */
+    return _mm512_maskz_mov_ps(~_mm512_fpclass_ps_mask(w, infinite), value);
+}
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
+{
+    const int infinite = 0x08 | 0x10;
+    return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, infinite), value);
+}
+
+/* Loads 16 elements of a 32- or 16-bit kind, widened to float (exact). */
+RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+    case RMS_KIND_BF16: {
+        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    }
+    default:
+        return _mm512_loadu_ps((const float *)(const void *)p);
+    }
+}
+
+/* float to bfloat16 bits, to nearest even, NaN kept quiet. Not AVX512-BF16's
+   vcvtneps2bf16: it flushes subnormal inputs and outputs to zero. */
+RMS_ALWAYS_INLINE __m256i rms_vf_to_bf16(rms_vf v)
+{
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+/* Stores 16 floats narrowed to a 32- or 16-bit kind, each rounded once to
+   nearest, ties to even. With stream, p is vector-aligned and the stores
+   bypass the cache. */
+RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
+{
+    __m256i narrow;
+    switch (kind) {
+    case RMS_KIND_F16:
+        narrow = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        break;
+    case RMS_KIND_BF16:
+        narrow = rms_vf_to_bf16(v);
+        break;
+    default:
+        if (stream) {
+            _mm512_stream_ps((float *)(void *)p, v);
+        }
+        else {
+            _mm512_storeu_ps((float *)(void *)p, v);
+        }
+        return;
+    }
+    if (stream) {
+        _mm256_stream_si256((__m256i *)(void *)p, narrow);
+    }
+    else {
+        _mm256_storeu_si256((__m256i *)(void *)p, narrow);
+    }
+}
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_load(const char *p) { return _mm512_loadu_pd((const double *)(const void *)p); }
+
+RMS_ALWAYS_INLINE void rms_vd_store(char *p, rms_vd v, int stream)
+{
+    if (stream) {
+        _mm512_stream_pd((double *)(void *)p, v);
+    }
+    else {
+        _mm512_storeu_pd((double *)(void *)p, v);
+    }
+}
+
+/* Half `part` (0: lanes 0-7, 1: lanes 8-15) of v, widened to double. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_widen(rms_vf v, int part)
+{
+    __m256 half = part == 0 ? _mm512_castps512_ps256(v) : _mm512_extractf32x8_ps(v, 1);
+    return _mm512_cvtps_pd(half);
+}
+
+/* parts[0] and parts[1] narrowed to float, rounded to nearest. */
+RMS_ALWAYS_INLINE rms_vf rms_vf_narrow(const rms_vd *parts)
+{
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(parts[0])),
+                              _mm512_cvtpd_ps(parts[1]), 1);
+}
+
+/* parts narrowed to float, rounded to odd: truncated, with the last bit set
+   where that lost anything. A second rounding to 16 bits then rounds as
+   if from the doubles directly. */
+RMS_ALWAYS_INLINE rms_vf rms_vf_narrow_round_to_odd(const rms_vd *parts)
+{
+    const int toward_zero = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
+    __m256 low = _mm512_cvt_roundpd_ps(parts[0], toward_zero);
+    __m256 high = _mm512_cvt_roundpd_ps(parts[1], toward_zero);
+    __mmask8 low_inexact = _mm512_cmp_pd_mask(_mm512_cvtps_pd(low), parts[0], _CMP_NEQ_OQ);
+    __mmask8 high_inexact = _mm512_cmp_pd_mask(_mm512_cvtps_pd(high), parts[1], _CMP_NEQ_OQ);
+    __m512i bits = _mm512_castps_si512(
+        _mm512_insertf32x8(_mm512_castps256_ps512(low), high, 1));
+    __mmask16 inexact = (__mmask16)(low_inexact | ((unsigned)high_inexact << 8));
+    return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, inexact, bits, _mm512_set1_epi32(1)));
+}
+
+/* a * b + c rounded to odd: the truncated result, with the last bit set
+   where it is inexact, which is where rounding down and up disagree. */
+RMS_ALWAYS_INLINE rms_vf rms_vf_fma_round_to_odd(rms_vf a, rms_vf b, rms_vf c)
+{
+    rms_vf truncated = _mm512_fmadd_round_ps(a, b, c, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    rms_vf down = _mm512_fmadd_round_ps(a, b, c, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    rms_vf up = _mm512_fmadd_round_ps(a, b, c, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+    __mmask16 inexact = _mm512_cmp_ps_mask(down, up, _CMP_NEQ_OQ);
+    __m512i bits = _mm512_castps_si512(truncated);
+    return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, inexact, bits, _mm512_set1_epi32(1)));
+}
+
+/* hi + err (err below half an ulp of hi) rounded to odd as a double. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
+{
+    const __m512i bits = _mm512_castpd_si512(hi);
+    const __m512i one = _mm512_set1_epi64(1);
+    __mmask8 inexact = _mm512_cmp_pd_mask(err, _mm512_setzero_pd(), _CMP_NEQ_OQ);
+    __mmask8 nonzero = _mm512_cmp_pd_mask(hi, _mm512_setzero_pd(), _CMP_NEQ_OQ);
+    /* where err points toward zero, hi was rounded away from it: step back */
+    __mmask8 toward_zero = _mm512_movepi64_mask(_mm512_xor_si512(bits, _mm512_castpd_si512(err)));
+    __m512i truncated = _mm512_mask_sub_epi64(bits, inexact & nonzero & toward_zero, bits, one);
+    return _mm512_castsi512_pd(_mm512_mask_or_epi64(truncated, inexact, truncated, one));
+}
+
+RMS_ALWAYS_INLINE void rms_stream_fence(void) { _mm_sfence(); }
+
+#endif

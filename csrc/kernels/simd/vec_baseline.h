@@ -1,0 +1,182 @@
+/*
+ * The vector vocabulary with no instruction-set assumption: a "vector" is
+ * one float or one double, in plain C, so it builds and runs everywhere.
+ *
+ * Every instruction set's vocabulary (vec_*.h) defines the same names, and
+ * the row kernels (row_kernels.h) are written against them alone:
+ *
+ *   RMS_VF_WIDTH, RMS_VD_WIDTH  floats and doubles a vector (VF = 2 * VD,
+ *                               or both 1 here)
+ *   RMS_VECTOR_BYTES            the alignment that full stores like
+ *   RMS_HAVE_FMA                1 where a * b + c can be fused in one rounding
+ *   RMS_HAVE_STREAM             1 where stores can bypass the cache
+ *   rms_vf, rms_vd              the vector types
+ *   rms_vf_load(kind, p)        RMS_VF_WIDTH elements widened to float (exact)
+ *   rms_vf_store(kind, p, v, stream)    narrowed, each rounded once to nearest
+ *   rms_vd_load(p), rms_vd_store(p, v, stream)    doubles
+ *   rms_vd_widen(v, part)       floats to doubles, part of RMS_VF_WIDTH / RMS_VD_WIDTH
+ *   rms_vf_narrow(parts)        doubles to floats, to nearest
+ *   rms_vf_narrow_round_to_odd(parts)   doubles to floats, to odd
+ *   rms_vf_fma_round_to_odd(a, b, c)    a * b + c to odd (needs RMS_HAVE_FMA)
+ *   rms_vd_round_to_odd(hi, err)        hi + err to odd
+ *   set, add, sub, mul, fma (float), muladd (double: fused where it can be),
+ *   product_error(a, b, p) (a * b - p, exact), zero_where_inf(value, w)
+ *   rms_stream_fence()          orders streamed stores before later reads
+ *
+ * Rounding to odd is what lets a value be rounded twice, first to float and
+ * then to 16 bits, as if once: the float keeps, in its last bit, whether
+ * anything was lost, so a value just off a 16-bit tie is never taken for
+ * the tie itself.
+ */
+#ifndef RMSNORM_KERNELS_SIMD_VEC_BASELINE_H
+#define RMSNORM_KERNELS_SIMD_VEC_BASELINE_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../half.h"
+#include "../types.h"
+#include "common.h"
+
+#define RMS_VF_WIDTH 1
+#define RMS_VD_WIDTH 1
+#define RMS_VECTOR_BYTES 1
+#define RMS_HAVE_FMA 0
+#define RMS_HAVE_STREAM 0
+
+typedef float rms_vf;
+typedef double rms_vd;
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_set(float v) { return v; }
+RMS_ALWAYS_INLINE rms_vf rms_vf_add(rms_vf a, rms_vf b) { return a + b; }
+RMS_ALWAYS_INLINE rms_vf rms_vf_sub(rms_vf a, rms_vf b) { return a - b; }
+RMS_ALWAYS_INLINE rms_vf rms_vf_mul(rms_vf a, rms_vf b) { return a * b; }
+/* Correct but slow without the instruction: the kernels use the float
+   fused forms only where RMS_HAVE_FMA is 1. */
+RMS_ALWAYS_INLINE rms_vf rms_vf_fma(rms_vf a, rms_vf b, rms_vf c) { return fmaf(a, b, c); }
+RMS_ALWAYS_INLINE rms_vf rms_vf_product_error(rms_vf a, rms_vf b, rms_vf p) { return fmaf(a, b, -p); }
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_set(double v) { return v; }
+RMS_ALWAYS_INLINE rms_vd rms_vd_add(rms_vd a, rms_vd b) { return a + b; }
+RMS_ALWAYS_INLINE rms_vd rms_vd_sub(rms_vd a, rms_vd b) { return a - b; }
+RMS_ALWAYS_INLINE rms_vd rms_vd_mul(rms_vd a, rms_vd b) { return a * b; }
+RMS_ALWAYS_INLINE rms_vd rms_vd_muladd(rms_vd a, rms_vd b, rms_vd c) { return a * b + c; }
+
+/* Dekker's exact product error: fma() without the instruction is a slow
+   library call. */
+RMS_ALWAYS_INLINE double rms_dekker_product_error(double a, double b, double p)
+{
+    const double splitter = 134217729.0; /* 2^27 + 1 */
+    double ta = splitter * a, a_hi = ta - (ta - a), a_lo = a - a_hi;
+    double tb = splitter * b, b_hi = tb - (tb - b), b_lo = b - b_hi;
+    return ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo;
+}
+
+/* The split overflows for factors past 2^996 (float64 rows near the top
+   of the range meet them): such a factor is scaled down by 2^64 first,
+   which is exact and scales the error with it. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_product_error(rms_vd a, rms_vd b, rms_vd p)
+{
+    if (fabs(a) > 0x1p995) {
+        return rms_dekker_product_error(a * 0x1p-64, b, p * 0x1p-64) * 0x1p64;
+    }
+    if (fabs(b) > 0x1p995) {
+        return rms_dekker_product_error(a, b * 0x1p-64, p * 0x1p-64) * 0x1p64;
+    }
+    return rms_dekker_product_error(a, b, p);
+}
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_zero_where_inf(rms_vf value, rms_vf w)
+{
+    return isinf(w) ? 0.0f : value;
+}
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
+{
+    return isinf(w) ? 0.0 : value;
+}
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
+{
+    uint16_t bits;
+    switch (kind) {
+    case RMS_KIND_F16:
+        memcpy(&bits, p, sizeof bits);
+        return rms_half_to_float(bits);
+    case RMS_KIND_BF16:
+        memcpy(&bits, p, sizeof bits);
+        return rms_bfloat16_to_float(bits);
+    default: {
+        float value;
+        memcpy(&value, p, sizeof value);
+        return value;
+    }
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
+{
+    uint16_t bits;
+    (void)stream;
+    switch (kind) {
+    case RMS_KIND_F16:
+        bits = rms_float_to_half(v);
+        memcpy(p, &bits, sizeof bits);
+        return;
+    case RMS_KIND_BF16:
+        bits = rms_float_to_bfloat16(v);
+        memcpy(p, &bits, sizeof bits);
+        return;
+    default:
+        memcpy(p, &v, sizeof v);
+        return;
+    }
+}
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_load(const char *p)
+{
+    double value;
+    memcpy(&value, p, sizeof value);
+    return value;
+}
+
+RMS_ALWAYS_INLINE void rms_vd_store(char *p, rms_vd v, int stream)
+{
+    (void)stream;
+    memcpy(p, &v, sizeof v);
+}
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_widen(rms_vf v, int part)
+{
+    (void)part;
+    return v;
+}
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_narrow(const rms_vd *parts) { return (float)parts[0]; }
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_narrow_round_to_odd(const rms_vd *parts)
+{
+    return rms_float_round_to_odd(parts[0]);
+}
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
+{
+    return rms_double_round_to_odd(hi, err);
+}
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_fma_round_to_odd(rms_vf a, rms_vf b, rms_vf c)
+{
+    /* never called (no RMS_HAVE_FMA); exact through double, as a fallback */
+    double p = (double)a * (double)b; /* exact */
+    double s = p + (double)c;
+    double err = (p - (s - (s - p))) + ((double)c - (s - p));
+    double odd = rms_double_round_to_odd(s, err);
+    rms_vd parts[1] = {odd};
+    return rms_vf_narrow_round_to_odd(parts);
+}
+
+RMS_ALWAYS_INLINE void rms_stream_fence(void) {}
+
+#endif
