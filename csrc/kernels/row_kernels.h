@@ -649,12 +649,62 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *dy, ptrdiff_t
     rms_store_narrowed(xk, dx, dxs, count, &out, stream);
 }
 
+/*
+ * The same for 16-bit x, in float: the output keeps 11 bits at most, and
+ * float's 24 leave the gradient's own rounding the only error of note (the
+ * accuracy table's 16-bit rows are unchanged). Converting every element to
+ * double and back would cost twice the arithmetic. grad_weight still sums
+ * in double, where the rows add up: x * grad_output is exact in float, and
+ * inv_rms joins it there.
+ */
+RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const char *dy,
+                                                ptrdiff_t dys, const char *x, ptrdiff_t xs,
+                                                const char *w, ptrdiff_t ws, double *grad_weight,
+                                                char *dx, ptrdiff_t dxs, ptrdiff_t count,
+                                                rms_vf inv_rms, rms_vd inv_rms_double,
+                                                rms_vf minus_mean_g_x_hat, int stream)
+{
+    const rms_vf dyv = rms_load_floats(xk, dy, dys, count);
+    const rms_vf xv = rms_load_floats(xk, x, xs, count);
+    const rms_vf wv = rms_load_floats(wk, w, ws, count);
+    const rms_vf x_hat = rms_vf_mul(xv, inv_rms);
+    const rms_vf g = rms_vf_mul(dyv, wv);
+    const rms_vf out = rms_vf_mul(inv_rms, rms_vf_fma(x_hat, minus_mean_g_x_hat, g));
+    const rms_vf dy_x = rms_vf_mul(dyv, xv); /* exact */
+    rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        gw.part[h] = rms_vd_muladd(rms_vd_widen(dy_x, h), inv_rms_double, gw.part[h]);
+    }
+    rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
+    rms_store_floats(xk, dx, dxs, count, out, stream);
+}
+
+/* One block of the backward, in float or in double. */
+RMS_ALWAYS_INLINE void rms_backward_any_block(rms_kind xk, rms_kind wk, int in_float, const char *dy,
+                                              ptrdiff_t dys, const char *x, ptrdiff_t xs,
+                                              const double *w_double, const char *w, ptrdiff_t ws,
+                                              double *grad_weight, char *dx, ptrdiff_t dxs,
+                                              ptrdiff_t count, rms_vd inv_rms, rms_vd mean,
+                                              rms_vf inv_rms_float, rms_vf minus_mean_float,
+                                              int stream)
+{
+    if (in_float) {
+        rms_backward_block_float(xk, wk, dy, dys, x, xs, w, ws, grad_weight, dx, dxs, count,
+                                 inv_rms_float, inv_rms, minus_mean_float, stream);
+    }
+    else {
+        rms_backward_block(xk, dy, dys, x, xs, w_double, grad_weight, dx, dxs, count, inv_rms,
+                           mean, stream);
+    }
+}
+
 /* One row of the backward. A streamed output's write loop also asks for
    the grad_output and x of a row further on (ahead_dy and ahead_x, or
    NULL), as rms_forward_write asks for the next row. */
 RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *dy,
                                         ptrdiff_t dys, const char *x, ptrdiff_t xs,
-                                        const double *w, double eps, char *dx, ptrdiff_t dxs,
+                                        const double *w, const char *w_stored, ptrdiff_t ws,
+                                        double eps, char *dx, ptrdiff_t dxs,
                                         double *grad_weight, int stream, const char *ahead_dy,
                                         const char *ahead_x)
 {
@@ -673,33 +723,44 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, c
     const rms_dd inv_rms_dd = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
     const double inv_rms = inv_rms_dd.hi + inv_rms_dd.lo;
     const rms_vd inv = rms_vd_set(inv_rms);
-    const rms_vd mean = rms_vd_set(inv_rms * (sum_g_x.hi + sum_g_x.lo) / (double)n);
+    const double mean_g_x_hat = inv_rms * (sum_g_x.hi + sum_g_x.lo) / (double)n;
+    const rms_vd mean = rms_vd_set(mean_g_x_hat);
+    const rms_vf inv_float = rms_vf_set((float)inv_rms);
+    const rms_vf minus_mean_float = rms_vf_set((float)-mean_g_x_hat);
+    /* 16-bit rows go in float where fused multiply-adds exist, and where
+       inv_rms and the mean stay well inside float's range. */
+    const int in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && inv_rms >= 0x1p-100 &&
+                         inv_rms <= 0x1p100 && fabs(mean_g_x_hat) <= 0x1p100;
 
     const ptrdiff_t size = rms_kind_size(xk);
     const ptrdiff_t head = rms_unaligned_head(dx, dxs, size, n);
     const int streamed = rms_can_stream(stream, rms_element_out(dx, head, dxs), dxs, size);
     for (i = 0; i < head; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
-        rms_backward_block(xk, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs, w + i,
-                           grad_weight + i, rms_element_out(dx, i, dxs), dxs, count, inv, mean, 0);
+        rms_backward_any_block(xk, wk, in_float, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs,
+                               w + i, rms_element(w_stored, i, ws), ws, grad_weight + i,
+                               rms_element_out(dx, i, dxs), dxs, count, inv, mean, inv_float,
+                               minus_mean_float, 0);
     }
-    i = head;
-    for (; i + RMS_LANES <= n; i += RMS_LANES) {
+    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
         if (streamed && ahead_x != NULL) {
             rms_prefetch(rms_element(ahead_dy, i, dys), RMS_LANES * dys);
             rms_prefetch(rms_element(ahead_x, i, xs), RMS_LANES * xs);
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
             const ptrdiff_t at = i + b;
-            rms_backward_block(xk, rms_element(dy, at, dys), dys, rms_element(x, at, xs), xs,
-                               w + at, grad_weight + at, rms_element_out(dx, at, dxs), dxs,
-                               RMS_VF_WIDTH, inv, mean, streamed);
+            rms_backward_any_block(xk, wk, in_float, rms_element(dy, at, dys), dys, rms_element(x, at, xs),
+                                   xs, w + at, rms_element(w_stored, at, ws), ws, grad_weight + at,
+                                   rms_element_out(dx, at, dxs), dxs, RMS_VF_WIDTH, inv, mean,
+                                   inv_float, minus_mean_float, streamed);
         }
     }
     for (; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        rms_backward_block(xk, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs, w + i,
-                           grad_weight + i, rms_element_out(dx, i, dxs), dxs, count, inv, mean, 0);
+        rms_backward_any_block(xk, wk, in_float, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs,
+                               w + i, rms_element(w_stored, i, ws), ws, grad_weight + i,
+                               rms_element_out(dx, i, dxs), dxs, count, inv, mean, inv_float,
+                               minus_mean_float, 0);
     }
 }
 
@@ -723,14 +784,16 @@ RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_bac
         char *dx = rms_element_out(p->grad_input.data, r, p->grad_input.row_stride);
         if (contiguous) {
             const int ahead = r + AHEAD < ahead_end;
-            rms_backward_row(xk, wk, p->n, dy, es, x, es, weight, eps, dx, es, grad_weight_partial,
+            rms_backward_row(xk, wk, p->n, dy, es, x, es, weight, p->weight, p->weight_stride, eps,
+                             dx, es, grad_weight_partial,
                              p->stream_output,
                              ahead ? rms_element(dy, AHEAD, p->grad_output.row_stride) : NULL,
                              ahead ? rms_element(x, AHEAD, p->x.row_stride) : NULL);
         }
         else {
-            rms_backward_row(xk, wk, p->n, dy, p->grad_output.stride, x, p->x.stride, weight, eps,
-                             dx, p->grad_input.stride, grad_weight_partial, 0, NULL, NULL);
+            rms_backward_row(xk, wk, p->n, dy, p->grad_output.stride, x, p->x.stride, weight,
+                             p->weight, p->weight_stride, eps, dx, p->grad_input.stride,
+                             grad_weight_partial, 0, NULL, NULL);
         }
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
