@@ -1,13 +1,26 @@
-"""Speed of rmsnorm beside torch, a NumPy composite and a plain copy.
+"""Speed of rmsnorm beside onnxruntime, torch.compile, torch, a NumPy composite and a copy.
 
     python benchmarks/bench.py            # full run, writes results.md and results.png
     python benchmarks/bench.py --quick    # a few repeats, to see that it runs
 
+The peers are optional and each column reads n/a without its package. Install
+them with ``pip install -e ".[bench]"`` (onnxruntime, onnx and matplotlib for
+the plot); torch comes with the test extra, ``pip install -e ".[test]"``, which
+pins the CPU build the tests target, and bfloat16 needs ml_dtypes
+(``pip install -e ".[bfloat16]"``).
+
 RMSNorm is memory-bound: the forward reads x and writes y, the traffic of a
-copy of x, so ``np.copyto`` of the same bytes is the roof. Every candidate is
-timed in the same process, interleaved repeat by repeat so that noise from a
-shared machine hits them alike, and the median over repeats is reported
-after a warm-up, as a ratio to the copy and as achieved GB/s.
+copy of x, so ``np.copyto`` of the same bytes is the yardstick. Every
+candidate is timed in the same process, interleaved repeat by repeat so that
+noise from a shared machine hits them alike, and the median over repeats is
+reported after a warm-up, as a ratio to the copy and as achieved GB/s.
+
+The peers: onnxruntime runs the ONNX ``RMSNormalization`` operator (opset 23)
+into an output bound in advance; ``torch.compile`` compiles
+``torch.nn.functional.rms_norm`` with inductor for each shape, dtype and thread
+count, and allocates its output on every call, as torch's functional API does.
+torch.compile keeps its cache under the system's temporary directory, never in
+this tree (TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, unless already set).
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,22 +42,73 @@ import numpy as np
 import rmsnorm
 
 try:
+    # Before torch is imported: its compile cache and temporary files go under
+    # the system's temporary directory, not into the project tree.
+    _TORCH_CACHE = Path(tempfile.gettempdir()) / "rmsnorm-bench-torch-cache"
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_TORCH_CACHE / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(_TORCH_CACHE / "triton"))
     import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters as dynamo_counters
 except ImportError:  # the benchmark still runs, without the torch columns
     torch = None
+else:
+    # One compile per shape, dtype and thread count: none may fall back to
+    # eager silently, so a compile limit that is hit raises instead.
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 1024
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+try:
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+except ImportError:  # the onnxruntime column reads n/a
+    onnx = onnxruntime = None
+
+try:
+    import ml_dtypes
+except ImportError:  # the bfloat16 rows are skipped
+    ml_dtypes = None
 
 HERE = Path(__file__).resolve().parent
 EPS = 1e-6
 
 # (rows, hidden, dtype): a decoding step, a short prompt, a batch, a big batch.
 SHAPES = [
-    (1, 4096, np.float32),
-    (32, 4096, np.float32),
-    (2048, 4096, np.float32),
-    (4096, 8192, np.float32),
-    (2048, 4096, np.float64),
-    (2048, 4096, np.float16),
+    (1, 4096, "float32"),
+    (32, 4096, "float32"),
+    (2048, 4096, "float32"),
+    (4096, 8192, "float32"),
+    (2048, 4096, "float64"),
+    (32, 4096, "float16"),
+    (2048, 4096, "float16"),
+    (4096, 8192, "float16"),
+    (32, 4096, "bfloat16"),
+    (2048, 4096, "bfloat16"),
+    (4096, 8192, "bfloat16"),
 ]
+# Shapes this large take seconds per call for the slow candidates (the NumPy
+# composite, torch eager in half precision): they run --large-repeats repeats.
+LARGE = 4096 * 8192
+
+# The peers that rows are judged against, forward, fastest one wins.
+PEERS = ("onnxruntime", "torch.compile", "torch")
+
+# Why a peer is n/a for a dtype, printed once and repeated under the table.
+PEER_NOTES: dict[tuple[str, str], str] = {}
+
+
+def note_peer(peer: str, dtype: str, reason: str) -> None:
+    if (peer, dtype) not in PEER_NOTES:
+        PEER_NOTES[peer, dtype] = reason
+        print(f"{peer}, {dtype}: n/a: {reason}", flush=True)
+
+
+def resolve_dtype(name: str):
+    if name == "bfloat16":
+        return ml_dtypes.bfloat16 if ml_dtypes is not None else None
+    return np.dtype(name).type
 
 
 def cpu_model() -> str:
@@ -69,6 +134,28 @@ def sample_seconds(fn, min_seconds: float) -> float:
         calls *= 2 if elapsed <= 0 else max(2, int(min_seconds / elapsed * 1.2))
 
 
+def busy_cpu_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy (steal included), per Linux's /proc/stat."""
+    try:
+        ticks = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return float("nan")
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def other_load(measure, *args):
+    """measure(*args), and how many CPUs other processes kept busy meanwhile, on average.
+
+    This machine may be shared: where others take a CPU, the threads here
+    wait for it, and the figures with them.
+    """
+    before = busy_cpu_seconds(), sum(os.times()[:2]), time.perf_counter()
+    result = measure(*args)
+    after = busy_cpu_seconds(), sum(os.times()[:2]), time.perf_counter()
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return result, max(0.0, others / (after[2] - before[2]))
+
+
 def interleaved_medians(candidates: dict, repeats: int, min_seconds: float) -> dict:
     for fn in candidates.values():  # warm-up: caches, page faults, thread start
         sample_seconds(fn, min_seconds / 4)
@@ -77,6 +164,13 @@ def interleaved_medians(candidates: dict, repeats: int, min_seconds: float) -> d
         for name, fn in candidates.items():
             samples[name].append(sample_seconds(fn, min_seconds))
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def time_row(forward: dict, both: dict, repeats: int, min_seconds: float):
+    # Inference code enters no_grad once, around the model, not per call.
+    with torch.no_grad() if torch is not None else contextlib.nullcontext():
+        fwd = interleaved_medians(forward, repeats, min_seconds)
+    return fwd, interleaved_medians(both, repeats, min_seconds)
 
 
 def numpy_forward(x, w):
@@ -129,6 +223,86 @@ def split_copy(pool, threads: int, dst: np.ndarray, src: np.ndarray):
     return lambda: [f.result() for f in [pool.submit(np.copyto, d, s) for d, s in pieces]]
 
 
+def assert_close(peer: str, got: np.ndarray, want: np.ndarray) -> None:
+    """Loosely, in float32: a peer that computes something else is not timed."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    if not np.allclose(got, want, rtol=1e-2, atol=1e-2):
+        worst = float(np.max(np.abs(got - want)))
+        raise AssertionError(f"{peer}'s output differs from rmsnorm's (max abs diff {worst:.3g})")
+
+
+def to_torch(a: np.ndarray):
+    """A tensor sharing a's memory; bfloat16 through its uint16 bits."""
+    if ml_dtypes is not None and a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def torch_to_numpy_f32(t) -> np.ndarray:
+    return t.detach().float().numpy()
+
+
+def torch_graph_count() -> int:
+    return dynamo_counters["stats"]["unique_graphs"]
+
+
+ONNX_TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT16", "bfloat16": "BFLOAT16"}
+
+
+def onnxruntime_forward(x: np.ndarray, w: np.ndarray, threads: int, want: np.ndarray):
+    """A callable running ONNX RMSNormalization (opset 23) on x and w.
+
+    It writes into a preallocated, page-aligned output bound with IO binding
+    where onnxruntime takes that, else it calls ``run``. Raises what
+    onnxruntime raises where it has no kernel for the dtype.
+    """
+    rows, hidden = x.shape
+    elem = getattr(TensorProto, ONNX_TYPES[x.dtype.name])
+    graph = helper.make_graph(
+        [helper.make_node("RMSNormalization", ["X", "scale"], ["Y"],
+                          axis=-1, epsilon=EPS, stash_type=1)],
+        "rms_norm",
+        [helper.make_tensor_value_info("X", elem, [rows, hidden]),
+         helper.make_tensor_value_info("scale", elem, [hidden])],
+        [helper.make_tensor_value_info("Y", elem, [rows, hidden])],
+    )
+    opsets = [helper.make_opsetid("", 23)]
+    model = helper.make_model(graph, opset_imports=opsets,
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    onnx.checker.check_model(model)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+
+    def ort_value(a: np.ndarray):
+        if a.dtype.name == "bfloat16":  # ml_dtypes': onnxruntime takes its bits
+            return onnxruntime.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), elem)
+        return onnxruntime.OrtValue.ortvalue_from_numpy(a)
+
+    y = page_aligned(np.zeros_like(x))
+    try:
+        binding = session.io_binding()
+        binding.bind_ortvalue_input("X", ort_value(x))
+        binding.bind_ortvalue_input("scale", ort_value(w))
+        out = ort_value(y)
+        binding.bind_ortvalue_output("Y", out)
+        session.run_with_iobinding(binding)
+        if out.data_ptr() != y.ctypes.data:
+            raise RuntimeError("the bound output is not the preallocated array")
+        assert_close("onnxruntime", y, want)
+        return lambda: session.run_with_iobinding(binding)
+    except AssertionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure: fall back to run, which allocates
+        note_peer("onnxruntime IO binding", x.dtype.name, f"{type(error).__name__}: {error}")
+    feeds = {"X": x, "scale": w}
+    assert_close("onnxruntime", session.run(["Y"], feeds)[0], want)
+    return lambda: session.run(["Y"], feeds)
+
+
 def candidates_for(rows, hidden, dtype, threads, pool):
     rng = np.random.default_rng(0)
     x = page_aligned(rng.standard_normal((rows, hidden)).astype(dtype))
@@ -138,6 +312,8 @@ def candidates_for(rows, hidden, dtype, threads, pool):
     y, dx, scratch = (page_aligned(np.zeros_like(x)) for _ in range(3))
     dw = page_aligned(np.zeros_like(w))
     rmsnorm.set_num_threads(threads)
+    want = rmsnorm.forward(x, w, eps, out=y).copy()  # what every peer must match
+    name = np.dtype(dtype).name
 
     forward = {
         "copy": lambda: np.copyto(scratch, x),
@@ -156,9 +332,20 @@ def candidates_for(rows, hidden, dtype, threads, pool):
         ),
         "numpy": lambda: numpy_forward_backward(x, w, dy),
     }
-    if torch is not None:
+    if onnxruntime is None:
+        note_peer("onnxruntime", "all dtypes", 'not installed (pip install -e ".[bench]")')
+    else:
+        try:
+            forward["onnxruntime"] = onnxruntime_forward(x, w, threads, want)
+        except AssertionError:
+            raise
+        except Exception as error:  # noqa: BLE001 - no kernel, bad type...: the cell is n/a
+            note_peer("onnxruntime", name, f"{type(error).__name__}: {error}")
+    if torch is None:
+        note_peer("torch and torch.compile", "all dtypes", "not installed")
+    else:
         torch.set_num_threads(threads)
-        tx, tw, tdy = (torch.from_numpy(a) for a in (x, w, dy))
+        tx, tw, tdy = (to_torch(a) for a in (x, w, dy))
         tx_grad = tx.clone().requires_grad_()
         tw_grad = tw.clone().requires_grad_()
 
@@ -172,45 +359,112 @@ def candidates_for(rows, hidden, dtype, threads, pool):
 
         forward["torch"] = torch_forward
         both["torch"] = torch_forward_backward
+
+        # inductor's C++ kernels bake in torch.get_num_threads() at compile
+        # time, and dynamo's guards do not look at it: start afresh, so that
+        # each thread count gets its own compile.
+        torch._dynamo.reset()
+        compiled = torch.compile(torch.nn.functional.rms_norm, dynamic=False, fullgraph=True)
+        graphs = torch_graph_count()
+        with torch.no_grad():
+            assert_close("torch.compile", torch_to_numpy_f32(compiled(tx, [hidden], tw, EPS)), want)
+        compiled_grad = torch.compile(torch.nn.functional.rms_norm, dynamic=False, fullgraph=True)
+        tx_grad.grad = tw_grad.grad = None
+        compiled_grad(tx_grad, [hidden], tw_grad, EPS).backward(tdy)
+        rmsnorm.backward(dy, x, w, eps, out=(dx, dw))
+        assert_close("torch.compile's backward", torch_to_numpy_f32(tx_grad.grad), dx)
+        if torch_graph_count() != graphs + 2:
+            raise RuntimeError("torch.compile did not compile one graph per function")
+
+        def compiled_forward():  # timed under no_grad, as it was compiled
+            compiled(tx, [hidden], tw, EPS)
+
+        def compiled_forward_backward():
+            tx_grad.grad = None
+            tw_grad.grad = None
+            compiled_grad(tx_grad, [hidden], tw_grad, EPS).backward(tdy)
+
+        forward["torch.compile"] = compiled_forward
+        both["torch.compile"] = compiled_forward_backward
     return forward, both, x.nbytes
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few repeats, no files written")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--quick", action="store_true",
+                        help="2 repeats of short samples, to see that it runs: no goal "
+                             "checklist and no files written")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="interleaved repeats per candidate, the median reported "
+                             "(default %(default)s)")
+    parser.add_argument("--large-repeats", type=int, default=5,
+                        help=f"repeats for shapes of {LARGE >> 20} Mi elements or more, whose slow "
+                             "candidates take seconds per call (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=HERE,
+                        help="folder for results.md and results.png (default: beside this script)")
     args = parser.parse_args(argv)
     repeats, min_seconds = (2, 0.005) if args.quick else (args.repeats, 0.05)
+    large_repeats = repeats if args.quick else min(args.large_repeats, args.repeats)
     all_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     thread_counts = sorted({1, all_threads})
+    started = time.perf_counter()
 
-    rows_out = []
+    shapes = []
+    for rows, hidden, name in SHAPES:
+        if resolve_dtype(name) is None:
+            print(f"skipping {rows}x{hidden} {name}: ml_dtypes is not installed "
+                  "(pip install -e \".[bfloat16]\")", flush=True)
+        else:
+            shapes.append((rows, hidden, resolve_dtype(name)))
+
+    rows_out, loads = [], []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=all_threads)
     for threads in thread_counts:
-        for rows, hidden, dtype in SHAPES:
+        for rows, hidden, dtype in shapes:
             forward, both, nbytes = candidates_for(rows, hidden, dtype, threads, pool)
-            # Inference code enters no_grad once, around the model, not per call.
-            with torch.no_grad() if torch is not None else contextlib.nullcontext():
-                fwd = interleaved_medians(forward, repeats, min_seconds)
-            bwd = interleaved_medians(both, repeats, min_seconds)
+            n = large_repeats if rows * hidden >= LARGE else repeats
+            graphs = torch_graph_count() if torch is not None else 0
+            (fwd, bwd), load = other_load(time_row, forward, both, n, min_seconds)
+            if torch is not None and torch_graph_count() != graphs:
+                raise RuntimeError("torch.compile recompiled while it was timed")
             rows_out.append((threads, rows, hidden, np.dtype(dtype).name, nbytes, fwd, bwd))
+            loads.append(load)
             print_row(rows_out[-1])
+            print(f"  other processes kept {load:.2f} CPUs busy meanwhile", flush=True)
+            del forward, both
     rmsnorm.set_num_threads(all_threads)
+    minutes = (time.perf_counter() - started) / 60
 
     table = markdown_table(rows_out)
-    verdicts = check_goals(rows_out)
+    versions = [f"NumPy {np.__version__}"]
+    for label, module in (("torch", torch), ("onnxruntime", onnxruntime), ("ml_dtypes", ml_dtypes)):
+        versions.append(f"{label} {module.__version__}" if module is not None
+                        else f"{label} not installed")
     header = (
-        f"`python benchmarks/bench.py` on {datetime.date.today().isoformat()}, "
-        f"{cpu_model()}, {all_threads} CPUs, NumPy {np.__version__}"
-        + (f", torch {torch.__version__}" if torch is not None else ", torch not installed")
-        + f", kernels: {rmsnorm._core._isa()[0]}.\n"
+        ("**quick run (not for publishing)**: " if args.quick else "")
+        + f"`python benchmarks/bench.py{' --quick' if args.quick else ''}` on "
+        f"{datetime.date.today().isoformat()}, {cpu_model()}, {all_threads} CPUs, "
+        + ", ".join(versions)
+        + f", kernels: {rmsnorm._core._isa()[0]}; medians of {repeats} interleaved repeats "
+        f"({large_repeats} at {LARGE >> 20} Mi elements and over), {minutes:.1f} minutes in all.\n"
     )
-    report = header + "\n" + table + "\n" + verdicts
+    busy = [f"{r[0]} thr {r[1]}x{r[2]} {r[3]} ({load:.2f})"
+            for r, load in zip(rows_out, loads) if load > 0.25]
+    if busy:
+        table += ("\nOther processes kept more than a quarter of a CPU busy, on average, while "
+                  "these rows were timed; their figures are suspect: " + ", ".join(busy) + ".\n")
+    report = header + "\n" + table
+    if not args.quick:
+        report += "\n" + check_goals(rows_out)
     print("\n" + report)
     if not args.quick:
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.md").write_text(report)
-        plot(rows_out, args.out / "results.png")
+        try:
+            plot(rows_out, args.out / "results.png")
+        except ImportError:
+            print("results.png not written: matplotlib is not installed "
+                  "(pip install -e \".[bench]\")")
     return 0
 
 
@@ -218,8 +472,34 @@ def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
 
+def times(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio < 2 else f"{ratio:.1f}"
+
+
+def versus(peer: str, peer_seconds: float | None, our_seconds: float) -> str:
+    """'2.3x faster' where ours wins, else 'torch 1.6x faster'."""
+    if peer_seconds is None:
+        return "n/a"
+    if peer_seconds >= our_seconds:
+        return f"{times(peer_seconds / our_seconds)}x faster"
+    return f"{peer} {times(our_seconds / peer_seconds)}x faster"
+
+
+def ours_vs(peer: str, peer_seconds: float, our_seconds: float) -> str:
+    """'ours 2.3x faster than torch', or 'torch 1.6x faster than ours'."""
+    if peer_seconds >= our_seconds:
+        return f"ours {times(peer_seconds / our_seconds)}x faster than {peer}"
+    return f"{peer} {times(our_seconds / peer_seconds)}x faster than ours"
+
+
+def best_peer(fwd: dict):
+    """The fastest peer's forward, (name, seconds), or None where none ran."""
+    measured = [(fwd[p], p) for p in PEERS if p in fwd]
+    return min(measured)[::-1] if measured else None
+
+
 def print_row(row) -> None:
-    threads, rows, hidden, dtype, nbytes, fwd, bwd = row
+    threads, rows, hidden, dtype, _, fwd, bwd = row
     print(f"{threads} thr {rows}x{hidden} {dtype}: " + ", ".join(
         f"{k} {v * 1e6:.1f}us" for k, v in {**fwd, **{'fb ' + k: v for k, v in bwd.items()}}.items()
     ), flush=True)
@@ -227,16 +507,22 @@ def print_row(row) -> None:
 
 def markdown_table(rows_out) -> str:
     lines = [
-        "| threads | shape | dtype | copy GB/s | fwd / copy | fwd GB/s | bwd / copy "
-        "| rms_norm vs torch | fwd+bwd vs torch | numpy fwd / ours |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ("| threads | shape | dtype | copy GB/s | fwd / copy | fwd GB/s | bwd / copy "
+         "| onnxruntime fwd / copy | torch.compile fwd / copy | ours faster than best peer (fwd) "
+         "| rms_norm vs torch | fwd+bwd vs torch | fwd+bwd vs torch.compile | numpy fwd / ours |"),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for threads, rows, hidden, dtype, nbytes, fwd, bwd in rows_out:
         copy = fwd["copy"]
         ours = fwd["ours (gufunc, out=)"]
-        torch_fwd = fwd.get("torch")
-        torch_both = bwd.get("torch")
         ours_both = bwd["ours (rms_norm + backward)"]
+        best = best_peer(fwd)
+        if best is None:
+            verdict = "n/a"
+        elif best[1] > ours:
+            verdict = f"yes, {times(best[1] / ours)}x faster than {best[0]}"
+        else:
+            verdict = f"no, {best[0]} {times(ours / best[1])}x faster"
         cells = [
             str(threads),
             f"{rows}x{hidden}",
@@ -245,8 +531,12 @@ def markdown_table(rows_out) -> str:
             f"{ours / copy:.2f}",
             f"{gbps(2 * nbytes, ours):.1f}",
             f"{bwd['ours (backward gufunc, out=)'] / copy:.2f}",
-            f"{torch_fwd / fwd['ours (rms_norm)']:.1f}x faster" if torch_fwd else "n/a",
-            f"{torch_both / ours_both:.1f}x faster" if torch_both else "n/a",
+            f"{fwd['onnxruntime'] / copy:.2f}" if "onnxruntime" in fwd else "n/a",
+            f"{fwd['torch.compile'] / copy:.2f}" if "torch.compile" in fwd else "n/a",
+            verdict,
+            versus("torch", fwd.get("torch"), fwd["ours (rms_norm)"]),
+            versus("torch", bwd.get("torch"), ours_both),
+            versus("torch.compile", bwd.get("torch.compile"), ours_both),
             f"{fwd['numpy'] / fwd['ours (rms_norm)']:.1f}x",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -255,19 +545,90 @@ def markdown_table(rows_out) -> str:
         "GB/s counts the bytes a copy moves (read x, write y). fwd and bwd are the gufuncs "
         "with `out=`; the torch columns compare the functional API (`rms_norm`, then "
         "`rms_norm_backward`) with `torch.nn.functional.rms_norm` under `no_grad`, and with "
-        "its forward plus autograd backward, at the same thread count."
+        "its forward plus autograd backward, at the same thread count. The peers' forwards: "
+        "onnxruntime's `RMSNormalization` (opset 23, CPUExecutionProvider, "
+        "`intra_op_num_threads` = threads) writes into an output bound in advance; "
+        "`torch.compile(torch.nn.functional.rms_norm)` (inductor, `dynamic=False`, compiled "
+        "for each row) allocates its output on every call, as torch's functional API has no "
+        "`out=`. \"Best peer\" is the fastest of onnxruntime, torch.compile and torch eager "
+        "against the gufunc with `out=`; fwd+bwd vs torch.compile times the compiled "
+        "forward with autograd's compiled backward."
     )
+    if PEER_NOTES:
+        lines.append("")
+        lines.append("n/a cells:")
+        for (peer, dtype), reason in PEER_NOTES.items():
+            lines.append(f"- {peer}, {dtype}: {reason}")
     return "\n".join(lines) + "\n"
 
 
 def check_goals(rows_out) -> str:
     """The speed issue's goals, each with its measured value."""
-    out = ["Goals:"]
+    out = ["Goals (1 thread, `out=` given, unless a line says otherwise):"]
     by_key = {(t, r, h, d): (fwd, bwd) for t, r, h, d, _, fwd, bwd in rows_out}
 
     def goal(text, ok):
         out.append(f"- [{'x' if ok else ' '}] {text}")
 
+    for dtype in ("float16", "bfloat16"):
+        for rows, hidden, fwd_max, bwd_max in ((32, 4096, 3.0, 7.0), (2048, 4096, 1.3, 2.5),
+                                               (4096, 8192, 1.3, 2.5)):
+            if (1, rows, hidden, dtype) not in by_key:
+                goal(f"{rows}x{hidden} {dtype}: not measured", False)
+                continue
+            fwd, bwd = by_key[1, rows, hidden, dtype]
+            shape = f"{rows}x{hidden} {dtype}"
+            ratio = fwd["ours (gufunc, out=)"] / fwd["copy"]
+            goal(f"{shape}: forward {ratio:.2f}x copy (<= {fwd_max})", ratio <= fwd_max)
+            ratio = bwd["ours (backward gufunc, out=)"] / bwd["copy"]
+            goal(f"{shape}: backward {ratio:.2f}x copy (<= {bwd_max})", ratio <= bwd_max)
+            if rows < 2048:
+                continue
+            if "torch" in bwd:
+                ours_both = bwd["ours (rms_norm + backward)"]
+                goal(f"{shape}: forward+backward: {ours_vs('torch eager', bwd['torch'], ours_both)} "
+                     f"(>= 8x faster)", bwd["torch"] / ours_both >= 8)
+            else:
+                goal(f"{shape}: forward+backward against torch eager: torch not installed", False)
+
+    for (threads, rows, hidden, dtype), (fwd, _) in by_key.items():
+        if threads != 1 or dtype not in ("float32", "float16", "bfloat16"):
+            continue
+        ours = fwd["ours (gufunc, out=)"]
+        parts, ok = [], True
+        for peer in ("onnxruntime", "torch.compile") if dtype != "bfloat16" else ("torch.compile",):
+            if peer in fwd:
+                parts.append(ours_vs(peer, fwd[peer], ours))
+                ok = ok and ours < fwd[peer]
+            else:
+                parts.append(f"vs {peer} not measured")
+                ok = False
+        goal(f"{rows}x{hidden} {dtype}: forward faster than the peers: " + "; ".join(parts), ok)
+
+    threads_all = max(t for t, *_ in by_key)
+    if threads_all == 1:
+        out.append("- [ ] thread scaling: not measured, this machine gives the process 1 CPU")
+    for (threads, rows, hidden, dtype), many in by_key.items():
+        one = by_key.get((1, rows, hidden, dtype))
+        if threads != threads_all or threads == 1 or rows < 2048 or one is None:
+            continue
+        copy_speedup = one[0]["copy"] / many[0][f"copy on {threads_all} threads"]
+        for label, key, phase in (("forward", "ours (gufunc, out=)", 0),
+                                  ("backward", "ours (backward gufunc, out=)", 1)):
+            speedup = one[phase][key] / many[phase][key]
+            goal(f"{rows}x{hidden} {dtype}: {label} on {threads_all} threads {speedup:.2f}x as fast "
+                 f"as on 1, against {copy_speedup:.2f}x for np.copyto cut over {threads_all} "
+                 f"threads (>= 0.9 of it: {speedup / copy_speedup:.2f})",
+                 speedup >= 0.9 * copy_speedup)
+
+    out.append("")
+    out.append("Kept from the previous round (float32):")
+    previous_round_goals(by_key, goal, out.append)
+    return "\n".join(out) + "\n"
+
+
+def previous_round_goals(by_key, goal, note) -> None:
+    """The float32 goals of the round before, as that round checked them."""
     for (threads, rows, hidden, dtype), (fwd, bwd) in by_key.items():
         if threads != 1 or dtype != "float32" or rows < 32:
             continue
@@ -279,13 +640,17 @@ def check_goals(rows_out) -> str:
         goal(f"{shape}: backward {ratio:.2f}x copy (<= 2.0)", ratio <= 2.0)
         if "torch" in fwd:
             speedup = fwd["torch"] / fwd["ours (rms_norm)"]
-            goal(f"{shape}: rms_norm {speedup:.1f}x faster than torch (>= 4)", speedup >= 4)
+            goal(f"{shape}: rms_norm: {ours_vs('torch', fwd['torch'], fwd['ours (rms_norm)'])} "
+                 f"(>= 4x faster)", speedup >= 4)
             speedup = bwd["torch"] / bwd["ours (rms_norm + backward)"]
-            goal(f"{shape}: forward+backward {speedup:.1f}x faster than torch (>= 8)", speedup >= 8)
+            goal(f"{shape}: forward+backward: "
+                 f"{ours_vs('torch', bwd['torch'], bwd['ours (rms_norm + backward)'])} "
+                 f"(>= 8x faster)", speedup >= 8)
     for (threads, rows, hidden, dtype), (fwd, _) in by_key.items():
-        if rows == 1 and "torch" in fwd:
+        if rows == 1 and dtype == "float32" and "torch" in fwd:
             speedup = fwd["torch"] / fwd["ours (rms_norm)"]
-            goal(f"{threads} thread(s), 1x{hidden}: rms_norm {speedup:.1f}x faster than torch (>= 3)",
+            goal(f"{threads} thread(s), 1x{hidden}: rms_norm: "
+                 f"{ours_vs('torch', fwd['torch'], fwd['ours (rms_norm)'])} (>= 3x faster)",
                  speedup >= 3)
     threads_all = max(t for t, *_ in by_key)
     for rows, hidden in [(2048, 4096), (4096, 8192)]:
@@ -295,41 +660,73 @@ def check_goals(rows_out) -> str:
             for label, key, phase in (("forward", "ours (gufunc, out=)", 0),
                                       ("backward", "ours (backward gufunc, out=)", 1)):
                 speedup = one[phase][key] / many[phase][key]
-                goal(f"{rows}x{hidden}: {label} on {threads_all} threads {speedup:.2f}x faster "
-                     f"than on 1 (>= 1.6)", speedup >= 1.6)
+                goal(f"{rows}x{hidden}: {label} on {threads_all} threads {speedup:.2f}x as fast "
+                     f"as on 1 (>= 1.6)", speedup >= 1.6)
             # The roof for that: how much more bandwidth the threads get at all.
             copy_speedup = one[0]["copy"] / many[0][f"copy on {threads_all} threads"]
-            out.append(f"  - a plain copy cut over {threads_all} threads: {copy_speedup:.2f}x "
-                       f"faster than np.copyto on 1")
-    return "\n".join(out) + "\n"
+            note(f"  - a plain copy cut over {threads_all} threads: {copy_speedup:.2f}x "
+                 f"as fast as np.copyto on 1")
+
+
+PLOT_SERIES = [  # (candidate, legend)
+    ("ours (gufunc, out=)", "ours (gufunc, out=)"),
+    ("onnxruntime", "onnxruntime"),
+    ("torch.compile", "torch.compile"),
+    ("torch", "torch eager"),
+    ("numpy", "NumPy composite"),
+]
+PLOT_GROUPS = [("float32", "float64"), ("float16", "bfloat16")]
 
 
 def plot(rows_out, path: Path) -> None:
+    """Forward GB/s: a panel per thread count and dtype group, log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    # Plain numbers on the log axis: 10, 20, 50, not 2x10^1.
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    twos_and_fives = FuncFormatter(
+        lambda v, _: f"{v:g}" if round(v / 10 ** np.floor(np.log10(v))) in (2, 5) else "")
 
     thread_counts = sorted({r[0] for r in rows_out})
-    fig, axes = plt.subplots(1, len(thread_counts), figsize=(6 * len(thread_counts), 4.2),
-                             sharey=True, squeeze=False)
-    for ax, threads in zip(axes[0], thread_counts):
-        rows = [r for r in rows_out if r[0] == threads]
-        labels = [f"{r[1]}x{r[2]}\n{r[3]}" for r in rows]
-        xs = np.arange(len(rows))
-        series = [("ours (gufunc, out=)", "ours"), ("torch", "torch"), ("numpy", "NumPy composite")]
-        width = 0.27
-        for i, (key, name) in enumerate(series):
-            values = [gbps(2 * r[4], r[5][key]) if key in r[5] else 0 for r in rows]
-            ax.bar(xs + (i - 1) * width, values, width, label=name)
-        roof = [gbps(2 * r[4], r[5]["copy"]) for r in rows]
-        ax.plot(xs, roof, "k_", markersize=40, markeredgewidth=2, label="np.copyto (roof)")
-        ax.set_xticks(xs, labels, fontsize=8)
-        ax.set_title(f"forward, {threads} thread{'s' if threads > 1 else ''}")
-        ax.set_ylabel("GB/s (bytes a copy moves)")
-        ax.legend(fontsize=8, markerscale=0.3)
-    fig.tight_layout()
+    fig, axes = plt.subplots(len(thread_counts), len(PLOT_GROUPS),
+                             figsize=(7 * len(PLOT_GROUPS), 4.4 * len(thread_counts)),
+                             sharey=True, squeeze=False,
+                             gridspec_kw={"width_ratios": [
+                                 max(1, sum(r[0] == thread_counts[0] and r[3] in g for r in rows_out))
+                                 for g in PLOT_GROUPS]})
+    width = 0.8 / len(PLOT_SERIES)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax_row, threads in zip(axes, thread_counts):
+        for ax, group in zip(ax_row, PLOT_GROUPS):
+            rows = [r for r in rows_out if r[0] == threads and r[3] in group]
+            ax.set_title(f"forward, {', '.join(group)}, {threads} thread{'s' if threads > 1 else ''}")
+            if not rows:
+                ax.set_axis_off()
+                continue
+            xs = np.arange(len(rows))
+            for i, (key, name) in enumerate(PLOT_SERIES):
+                values = [gbps(2 * r[4], r[5][key]) if key in r[5] else np.nan for r in rows]
+                ax.bar(xs + (i - (len(PLOT_SERIES) - 1) / 2) * width, values, width,
+                       label=name, color=colors[i % len(colors)])
+            copy = [gbps(2 * r[4], r[5]["copy"]) for r in rows]
+            ax.plot(xs, copy, "k_", markersize=38, markeredgewidth=2,
+                    label="np.copyto of the same bytes")
+            ax.set_xticks(xs, [f"{r[1]}x{r[2]}\n{r[3]}" for r in rows], fontsize=8)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(twos_and_fives)
+            ax.set_ylabel("GB/s (bytes a copy moves), log scale")
+            ax.tick_params(labelleft=True)
+            ax.grid(axis="y", which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, markerscale=0.3)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
