@@ -10,6 +10,8 @@ import numpy as np
 # the signatures (n),(n),()->(n) and (m,n),(m,n),(n),()->(m,n),(n).
 forward: np.ufunc
 backward: np.ufunc
+# The (x, weight, eps) dtype names of every loop, in the order NumPy tries them.
+dtype_pairs: tuple[tuple[str, str, str], ...]
 
 def set_num_threads(n: int, /) -> None: ...
 def get_num_threads() -> int: ...

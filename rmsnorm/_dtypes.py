@@ -27,16 +27,20 @@ BF16 = None if ml_dtypes is None else np.dtype(ml_dtypes.bfloat16)
 if BF16 is not None:
     _core._register_bfloat16(BF16)
 
-# For each input dtype, the weight dtypes its loops take, narrowest first,
-# as in the gufuncs' loop tables. float32 weights with half inputs and a
-# float64 weight with float32 input compute as torch does in mixed precision.
-WEIGHT_DTYPES = {F16: (F16, F32), F32: (F32, F64), F64: (F64,)}
-if BF16 is not None:
-    WEIGHT_DTYPES[BF16] = (BF16, F32)
-
-# eps, and its default, come from the compute type: float64 for float64
-# input, float32 for everything else (torch's "opmath" type).
-EPS_DTYPE = {dtype: (F64 if dtype == F64 else F32) for dtype in WEIGHT_DTYPES}
+# The loops' (input, weight, eps) dtypes come from the C extension's type
+# list, in the order NumPy tries them: for each input dtype, its weight
+# dtypes narrowest first. float32 weights with half inputs and a float64
+# weight with float32 input compute as torch does in mixed precision. eps,
+# and its default, come from the compute type: float64 for float64 input,
+# float32 for everything else (torch's "opmath" type).
+_NAMED = {"float16": F16, "float32": F32, "float64": F64, "bfloat16": BF16}
+WEIGHT_DTYPES: dict = {}
+EPS_DTYPE: dict = {}
+for _x, _weight, _eps in _core.dtype_pairs:
+    if _NAMED[_x] is None or _NAMED[_weight] is None:
+        continue  # bfloat16 without ml_dtypes
+    WEIGHT_DTYPES[_NAMED[_x]] = WEIGHT_DTYPES.get(_NAMED[_x], ()) + (_NAMED[_weight],)
+    EPS_DTYPE[_NAMED[_x]] = _NAMED[_eps]
 DEFAULT_EPS = {dtype: float(np.finfo(EPS_DTYPE[dtype]).eps) for dtype in WEIGHT_DTYPES}
 
 

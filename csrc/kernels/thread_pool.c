@@ -93,7 +93,8 @@ static int cpus_available(void)
     return online > 0 ? (int)online : 1;
 }
 
-static int clamp_threads(long n)
+/* The one place where a thread count is capped. */
+static int clamp_threads(long long n)
 {
     if (n < 1) {
         return 1;
@@ -115,7 +116,7 @@ int rms_pool_get_num_threads(void)
     return n;
 }
 
-void rms_pool_set_num_threads(int n) { atomic_store(&num_threads, clamp_threads(n)); }
+void rms_pool_set_num_threads(long long n) { atomic_store(&num_threads, clamp_threads(n)); }
 
 void rms_pool_run(rms_task task, void *context, int max_threads)
 {

@@ -3,10 +3,19 @@
  * y, grad_output and grad_input) with one for the weight (and grad_weight).
  * eps is float64 for float64 input and float32 otherwise, as torch rounds it.
  *
- * This list is the one source of the dtype table: the kernel tables, the
- * NumPy glue's loops and, through the module, rmsnorm._dtypes are built
- * from it. Adding a pair is a row here (NumPy tries loops in this order, so
- * an input's own weight kind comes before a wider one).
+ * This list is the one source of the dtype table: the kernel tables
+ * (isa_*.c), the NumPy glue's loops (numpy/gufuncs.c) and, through
+ * rmsnorm._core.dtype_pairs, rmsnorm._dtypes are built from it. NumPy tries
+ * loops in this order, so an input's own weight kind comes before a wider
+ * one.
+ *
+ * Adding a pair of existing kinds: a row here; then name it where prose
+ * and tests list the pairs (the gufuncs' docstrings in numpy/gufuncs.c, the
+ * README's dtype notes, and the dtype grids of tests/test_parity_torch.py
+ * and benchmarks/accuracy.py). Adding a storage kind: also a case in
+ * rms_vf_load and rms_vf_store of every simd/vec_*.h, in rms_kind_size and
+ * rms_load_scalar (row_kernels.h), and in the glue's type_num_of and
+ * kind_name.
  */
 #ifndef RMSNORM_KERNELS_TYPES_H
 #define RMSNORM_KERNELS_TYPES_H

@@ -12,25 +12,42 @@
 #include "../kernels/rms_norm.h"
 #include "numpy_api.h"
 
-/* One row per element type: the NumPy dtypes of that type's operands. */
-typedef struct {
-    rms_type type;
-    int x;      /* x, y, grad_output, grad_input */
-    int weight; /* weight, grad_weight */
-    int eps;
-} loop_dtypes;
-
-/* NumPy takes the first loop that the inputs cast to safely, so each
-   x dtype lists its own weight dtype before the wider mixed one. eps is
-   float32 unless x is float64: torch rounds eps to float32 there. */
-static const loop_dtypes loop_table[] = {
-    {RMS_FLOAT16, NPY_HALF, NPY_HALF, NPY_FLOAT},
-    {RMS_FLOAT16_WEIGHT32, NPY_HALF, NPY_FLOAT, NPY_FLOAT},
-    {RMS_FLOAT32, NPY_FLOAT, NPY_FLOAT, NPY_FLOAT},
-    {RMS_FLOAT32_WEIGHT64, NPY_FLOAT, NPY_DOUBLE, NPY_FLOAT},
-    {RMS_FLOAT64, NPY_DOUBLE, NPY_DOUBLE, NPY_DOUBLE},
+/*
+ * The loops come from the kernels' type list (kernels/types.h), in its
+ * order: NumPy takes the first loop that the inputs cast to safely, and
+ * the list puts each input's own weight kind before a wider one. Each
+ * loop's data is its rms_type.
+ */
+static const rms_type all_types[RMS_NUM_TYPES] = {
+#define RMS_TYPE_VALUE(name, x, weight) RMS_##name,
+    RMS_FOR_EACH_TYPE(RMS_TYPE_VALUE)
+#undef RMS_TYPE_VALUE
 };
-#define NUM_LOOPS ((int)(sizeof(loop_table) / sizeof(loop_table[0])))
+
+/* bfloat16 has no NumPy type number of its own: ml_dtypes registers it at
+   run time, and its loops are added to the gufuncs then. -1 until then. */
+static int bfloat16_type_num = -1;
+
+/* The NumPy type number of a storage kind, or -1 (bfloat16 before
+   ml_dtypes registers it). */
+static int type_num_of(rms_kind kind)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        return NPY_HALF;
+    case RMS_KIND_F32:
+        return NPY_FLOAT;
+    case RMS_KIND_F64:
+        return NPY_DOUBLE;
+    default:
+        return bfloat16_type_num;
+    }
+}
+
+static int uses_bfloat16(rms_type type)
+{
+    return rms_type_table[type].x == RMS_KIND_BF16 || rms_type_table[type].weight == RMS_KIND_BF16;
+}
 
 /*
  * The kernels' intermediate steps may raise floating-point flags that say
@@ -45,7 +62,7 @@ static void discard_fp_flags(void) { feclearexcept(FE_ALL_EXCEPT); }
 static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const *steps,
                          void *data)
 {
-    const loop_dtypes *dtypes = data;
+    const rms_type type = *(const rms_type *)data;
     rms_forward_problem problem = {
         .n = dimensions[1],
         .x = {args[0], steps[0], steps[4]},
@@ -54,7 +71,7 @@ static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const
         .eps_stride = steps[2],
         .y = {args[3], steps[3], steps[6]},
     };
-    rms_norm_forward(dtypes->type, &problem, dimensions[0]);
+    rms_norm_forward(type, &problem, dimensions[0]);
     discard_fp_flags();
 }
 
@@ -62,7 +79,7 @@ static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const
 static void backward_loop(char **args, npy_intp const *dimensions, npy_intp const *steps,
                           void *data)
 {
-    const loop_dtypes *dtypes = data;
+    const rms_type type = *(const rms_type *)data;
     const npy_intp outer = dimensions[0], m = dimensions[1], n = dimensions[2];
     /* steps: 6 outer strides, then the core strides operand by operand */
     const npy_intp *core = steps + 6;
@@ -76,7 +93,7 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
             .eps = args[3] + o * steps[3],
             .grad_input = {args[4] + o * steps[4], core[5], core[6]},
         };
-        if (rms_norm_backward(dtypes->type, &problem, m, args[5] + o * steps[5], core[7]) != 0) {
+        if (rms_norm_backward(type, &problem, m, args[5] + o * steps[5], core[7]) != 0) {
             NPY_ALLOW_C_API_DEF
             NPY_ALLOW_C_API
             PyErr_NoMemory();
@@ -87,17 +104,21 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
     discard_fp_flags();
 }
 
-/* The dtype of each operand, in signature order, for one row of a loop table. */
-static int forward_dtypes(const loop_dtypes *d, int *types)
+/* The type number of each operand, in signature order, for one type. */
+static int forward_dtypes(rms_type type, int *types)
 {
-    const int row[] = {d->x, d->weight, d->eps, d->x};
+    const rms_type_kinds kinds = rms_type_table[type];
+    const int x = type_num_of(kinds.x), weight = type_num_of(kinds.weight);
+    const int row[] = {x, weight, type_num_of(kinds.eps), x};
     memcpy(types, row, sizeof(row));
     return (int)(sizeof(row) / sizeof(row[0]));
 }
 
-static int backward_dtypes(const loop_dtypes *d, int *types)
+static int backward_dtypes(rms_type type, int *types)
 {
-    const int row[] = {d->x, d->x, d->weight, d->eps, d->x, d->weight};
+    const rms_type_kinds kinds = rms_type_table[type];
+    const int x = type_num_of(kinds.x), weight = type_num_of(kinds.weight);
+    const int row[] = {x, x, weight, type_num_of(kinds.eps), x, weight};
     memcpy(types, row, sizeof(row));
     return (int)(sizeof(row) / sizeof(row[0]));
 }
@@ -109,7 +130,7 @@ typedef struct {
     const char *signature;
     int nin, nout;
     PyUFuncGenericFunction loop;
-    int (*operand_dtypes)(const loop_dtypes *, int *types);
+    int (*operand_dtypes)(rms_type type, int *types);
     const char *doc;
 } gufunc_descriptor;
 
@@ -125,13 +146,20 @@ static const gufunc_descriptor gufuncs[] = {
      "    y       = x * inv_rms * weight\n"
      "\n"
      "All other axes broadcast as in any ufunc, so weight and eps may also\n"
-     "differ per row. Sums are taken in a wider type (double for float32) and\n"
-     "the result is rounded once. eps is not optional here: rmsnorm.rms_norm\n"
-     "fills in torch's default (the machine epsilon of the compute type).\n"
+     "differ per row. Sums are taken in double and each output is the exact\n"
+     "result rounded once. eps is not optional here: rmsnorm.rms_norm fills\n"
+     "in torch's default (the machine epsilon of the compute type).\n"
+     "\n"
+     "Loops (x, weight, eps): float16 with float16 or float32 weight,\n"
+     "float32 with float32 or float64, float64 with float64, and, once\n"
+     "ml_dtypes is installed, bfloat16 with bfloat16 or float32; eps is\n"
+     "float64 for float64 x and float32 otherwise. forward.types lists\n"
+     "NumPy's built-in dtypes only, so it never shows the bfloat16 loops;\n"
+     "rmsnorm._core.dtype_pairs lists them all.\n"
      "\n"
      "Parameters\n"
      "----------\n"
-     "x : array_like, (..., n), float32 or float64\n"
+     "x : array_like, (..., n), float16, bfloat16, float32 or float64\n"
      "weight : array_like, (..., n), the gain (ones for plain normalisation)\n"
      "eps : array_like, (...), added to mean(x**2); float32 for float32 x\n"
      "\n"
@@ -156,7 +184,7 @@ static const gufunc_descriptor gufuncs[] = {
      "    grad_weight = sum over the m rows of grad_output * x_hat\n"
      "\n"
      "grad_weight is summed inside the loop, never stored per row, and is the\n"
-     "same bytes for any number of threads.\n"
+     "same bytes for any number of threads. The loops are forward's.\n"
      "\n"
      "Returns\n"
      "-------\n"
@@ -174,35 +202,20 @@ static const gufunc_descriptor gufuncs[] = {
 #define NUM_GUFUNCS ((int)(sizeof(gufuncs) / sizeof(gufuncs[0])))
 
 /* NumPy keeps pointers to these for the life of the process. */
-static PyUFuncGenericFunction loop_functions[NUM_GUFUNCS][NUM_LOOPS];
-static void *loop_data[NUM_GUFUNCS][NUM_LOOPS];
-static char loop_types[NUM_GUFUNCS][NUM_LOOPS * MAX_OPERANDS];
+static PyUFuncGenericFunction loop_functions[NUM_GUFUNCS][RMS_NUM_TYPES];
+static void *loop_data[NUM_GUFUNCS][RMS_NUM_TYPES];
+static char loop_types[NUM_GUFUNCS][RMS_NUM_TYPES * MAX_OPERANDS];
 
-/*
- * bfloat16 has no NumPy type number of its own: ml_dtypes registers it at
- * run time, and its loops are added to the gufuncs then, one per weight
- * dtype, in the same order as loop_table.
- */
-static loop_dtypes bfloat16_loops[] = {
-    {RMS_BFLOAT16, -1, -1, NPY_FLOAT},
-    {RMS_BFLOAT16_WEIGHT32, -1, NPY_FLOAT, NPY_FLOAT},
-};
-
-/* The loop for x and weight of these type numbers, or NULL. */
-static const loop_dtypes *find_loop(int x, int weight)
+/* The type whose loop takes x and weight of these type numbers, or -1. */
+static int find_type(int x, int weight)
 {
-    for (int t = 0; t < NUM_LOOPS; t++) {
-        if (loop_table[t].x == x && loop_table[t].weight == weight) {
-            return &loop_table[t];
+    for (int t = 0; t < RMS_NUM_TYPES; t++) {
+        const rms_type_kinds kinds = rms_type_table[t];
+        if (type_num_of(kinds.x) == x && type_num_of(kinds.weight) == weight && x != -1) {
+            return t;
         }
     }
-    for (size_t t = 0; t < sizeof(bfloat16_loops) / sizeof(bfloat16_loops[0]); t++) {
-        if (bfloat16_loops[t].x != -1 && bfloat16_loops[t].x == x &&
-            bfloat16_loops[t].weight == weight) {
-            return &bfloat16_loops[t];
-        }
-    }
-    return NULL;
+    return -1;
 }
 
 PyObject *rms_forward_direct(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -223,12 +236,13 @@ PyObject *rms_forward_direct(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_RETURN_NONE;
     }
     const npy_intp n = PyArray_DIM(x, ndim - 1);
-    const loop_dtypes *loop = find_loop(PyArray_TYPE(x), PyArray_TYPE(weight));
+    const int type = find_type(PyArray_TYPE(x), PyArray_TYPE(weight));
     PyArray_Descr *eps_descr = PyArray_DescrFromScalar(args[2]);
     if (eps_descr == NULL) {
         return NULL;
     }
-    const int eps_matches = loop != NULL && eps_descr->type_num == loop->eps;
+    const int eps_matches =
+        type >= 0 && eps_descr->type_num == type_num_of(rms_type_table[type].eps);
     Py_DECREF(eps_descr);
     if (n == 0 || PyArray_DIM(weight, 0) != n || !eps_matches) {
         Py_RETURN_NONE;
@@ -249,33 +263,31 @@ PyObject *rms_forward_direct(PyObject *module, PyObject *const *args, Py_ssize_t
     const npy_intp steps[] = {n * item, 0, 0, n * item, item, PyArray_STRIDE(weight, 0), item};
     NPY_BEGIN_THREADS_DEF
     NPY_BEGIN_THREADS
-    forward_loop(loop_args, dimensions, steps, (void *)loop);
+    forward_loop(loop_args, dimensions, steps, (void *)&all_types[type]);
     NPY_END_THREADS
     return (PyObject *)y;
 }
 
 int rms_register_bfloat16(PyObject *module, int type_num)
 {
-    if (bfloat16_loops[0].x != -1) {
-        return bfloat16_loops[0].x == type_num ? 0 : -1;
+    if (bfloat16_type_num != -1) {
+        return bfloat16_type_num == type_num ? 0 : -1;
     }
-    for (size_t t = 0; t < sizeof(bfloat16_loops) / sizeof(bfloat16_loops[0]); t++) {
-        bfloat16_loops[t].x = type_num;
-        if (bfloat16_loops[t].weight == -1) {
-            bfloat16_loops[t].weight = type_num;
-        }
-    }
+    bfloat16_type_num = type_num;
     for (int g = 0; g < NUM_GUFUNCS; g++) {
         const gufunc_descriptor *d = &gufuncs[g];
         PyObject *ufunc = PyObject_GetAttrString(module, d->name);
         if (ufunc == NULL) {
             return -1;
         }
-        for (size_t t = 0; t < sizeof(bfloat16_loops) / sizeof(bfloat16_loops[0]); t++) {
+        for (int t = 0; t < RMS_NUM_TYPES; t++) {
             int arg_types[MAX_OPERANDS];
-            d->operand_dtypes(&bfloat16_loops[t], arg_types);
+            if (!uses_bfloat16(all_types[t])) {
+                continue;
+            }
+            d->operand_dtypes(all_types[t], arg_types);
             if (PyUFunc_RegisterLoopForType((PyUFuncObject *)ufunc, type_num, d->loop, arg_types,
-                                            &bfloat16_loops[t]) < 0) {
+                                            (void *)&all_types[t]) < 0) {
                 Py_DECREF(ufunc);
                 return -1;
             }
@@ -290,17 +302,22 @@ int rms_add_gufuncs(PyObject *module)
     for (int g = 0; g < NUM_GUFUNCS; g++) {
         const gufunc_descriptor *d = &gufuncs[g];
         const int operands = d->nin + d->nout;
-        for (int t = 0; t < NUM_LOOPS; t++) {
+        int loops = 0;
+        for (int t = 0; t < RMS_NUM_TYPES; t++) {
             int types[MAX_OPERANDS];
-            d->operand_dtypes(&loop_table[t], types);
-            for (int i = 0; i < operands; i++) {
-                loop_types[g][t * operands + i] = (char)types[i]; /* built-in type numbers */
+            if (uses_bfloat16(all_types[t])) {
+                continue; /* added by rms_register_bfloat16 */
             }
-            loop_functions[g][t] = d->loop;
-            loop_data[g][t] = (void *)&loop_table[t];
+            d->operand_dtypes(all_types[t], types);
+            for (int i = 0; i < operands; i++) {
+                loop_types[g][loops * operands + i] = (char)types[i]; /* built-in type numbers */
+            }
+            loop_functions[g][loops] = d->loop;
+            loop_data[g][loops] = (void *)&all_types[t];
+            loops++;
         }
         PyObject *ufunc = PyUFunc_FromFuncAndDataAndSignature(
-            loop_functions[g], loop_data[g], loop_types[g], NUM_LOOPS, d->nin, d->nout,
+            loop_functions[g], loop_data[g], loop_types[g], loops, d->nin, d->nout,
             PyUFunc_None, d->name, d->doc, 0, d->signature);
         if (ufunc == NULL) {
             return -1;
@@ -311,4 +328,38 @@ int rms_add_gufuncs(PyObject *module)
         }
     }
     return 0;
+}
+
+/* The kind names, as rmsnorm._dtypes spells the dtypes. */
+static const char *kind_name(rms_kind kind)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        return "float16";
+    case RMS_KIND_F32:
+        return "float32";
+    case RMS_KIND_F64:
+        return "float64";
+    default:
+        return "bfloat16";
+    }
+}
+
+PyObject *rms_dtype_pairs(void)
+{
+    PyObject *pairs = PyTuple_New(RMS_NUM_TYPES);
+    if (pairs == NULL) {
+        return NULL;
+    }
+    for (int t = 0; t < RMS_NUM_TYPES; t++) {
+        const rms_type_kinds kinds = rms_type_table[t];
+        PyObject *pair = Py_BuildValue("(sss)", kind_name(kinds.x), kind_name(kinds.weight),
+                                       kind_name(kinds.eps));
+        if (pair == NULL) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(pairs, t, pair);
+    }
+    return pairs;
 }

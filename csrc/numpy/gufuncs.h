@@ -12,6 +12,10 @@ int rms_add_gufuncs(PyObject *module);
    bfloat16. Returns 0, or -1 with an exception set. */
 int rms_register_bfloat16(PyObject *module, int type_num);
 
+/* The (x, weight, eps) dtype names of every loop, in the order NumPy tries
+   them: a new reference, or NULL with an exception set. */
+PyObject *rms_dtype_pairs(void);
+
 /*
  * rms_norm's way past the ufunc machinery, which costs more than the
  * arithmetic of a decoding step (about 1.3 of 2.3 us at 1x4096): with x a

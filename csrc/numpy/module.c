@@ -2,6 +2,7 @@
 #define RMS_IMPORTS_NUMPY
 #include "numpy_api.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "../kernels/kernels.h"
@@ -31,8 +32,7 @@ static PyObject *set_num_threads(PyObject *self, PyObject *arg)
         return PyErr_Format(PyExc_ValueError,
                             "set_num_threads() expects a positive number of threads, got %R", arg);
     }
-    /* Past the pool's cap (256) more threads cannot help: clamp. */
-    rms_pool_set_num_threads(overflow > 0 || n > 1 << 20 ? 1 << 20 : (int)n);
+    rms_pool_set_num_threads(overflow > 0 ? LLONG_MAX : n); /* the pool caps it */
     Py_RETURN_NONE;
 }
 
@@ -111,7 +111,7 @@ static PyMethodDef methods[] = {
      "Use at most n threads (n >= 1) in each forward or backward call.\n"
      "Results are the same bytes for any n. The default is the environment\n"
      "variable RMSNORM_NUM_THREADS, else the number of CPUs this process may\n"
-     "run on; values past 256 are clamped."},
+     "run on; values past the pool's cap of 256 threads mean 256."},
     {"get_num_threads", get_num_threads, METH_NOARGS,
      "get_num_threads($module, /)\n--\n\n"
      "The most threads a forward or backward call uses.\n\n"
@@ -152,7 +152,10 @@ PyMODINIT_FUNC PyInit__core(void)
     if (module == NULL) {
         return NULL;
     }
-    if (rms_add_gufuncs(module) < 0) {
+    PyObject *pairs = rms_dtype_pairs();
+    if (rms_add_gufuncs(module) < 0 || pairs == NULL ||
+        PyModule_AddObject(module, "dtype_pairs", pairs) < 0) {
+        Py_XDECREF(pairs);
         Py_DECREF(module);
         return NULL;
     }
