@@ -399,7 +399,9 @@ RMS_ALWAYS_INLINE void rms_forward_block_float(rms_kind xk, rms_kind wk, const c
 }
 
 /* The same in double, for every type: exact products where x and w are
-   floats, and a compensated product where either is a double. */
+   floats, and a compensated product where either is a double. Without
+   fused multiply-adds, u_hi * w + low would round twice: the sum is then
+   formed as hi + err with u_hi * w's exact error, also for float64. */
 RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
                                                 ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
                                                 ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms,
@@ -422,7 +424,7 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
         const rms_vd u_lo =
             rms_vd_add(rms_vd_product_error(xh, inv_hi, u_hi), rms_vd_mul(xh, inv_lo));
         const rms_vd low = rms_vd_zero_where_inf(rms_vd_mul(u_lo, wh), wh);
-        if (xk == RMS_KIND_F64) {
+        if (xk == RMS_KIND_F64 && RMS_HAVE_FMA) {
             hi.part[h] = rms_vd_muladd(u_hi, wh, low); /* the output's one rounding */
             err.part[h] = rms_vd_set(0.0);
         }
@@ -430,7 +432,9 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
             const rms_vd p = rms_vd_mul(u_hi, wh);
             const rms_vd tail =
                 rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
-            hi.part[h] = rms_vd_add(p, tail);
+            /* p - (0 - tail) is p + tail, but keeps p's sign where both
+               are zeros (x = 0 with a negative w gives -0, as in torch) */
+            hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
             err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
         }
     }
