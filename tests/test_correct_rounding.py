@@ -72,7 +72,7 @@ def _odd_weights(dtype, count, rng):
     return values[: len(values) // 5 * 5]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _problems(dtype_name):
     """(x, weight, eps per row, constructed, exact in long double) for the
     constructed and the random rows. With eps = 0 the constructed rows'
@@ -164,7 +164,7 @@ def _nearer_exactly(s, x, w, a, b):
     return a if (Fraction(float(a)) > m) == above else b
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _expected(dtype_name):
     dtype = np.dtype(BF16 if dtype_name == "bfloat16" else dtype_name)
     expected = []

@@ -1,14 +1,14 @@
 """float16, bfloat16 and mixed precision against torch; accuracy against the exact result.
 
-The accuracy corpus and its error measures live in benchmarks/accuracy.py,
-which also prints the README's table; here each case asserts the goals:
+The accuracy corpus and its error measures live in accuracy_corpus.py, from
+which benchmarks/accuracy.py prints the README's table; here each case
+asserts the goals:
 the forward within 1 ULP (2 for float64) of the exact result and never
 further than torch's, the gradients never less accurate than torch's.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -19,8 +19,7 @@ import rmsnorm
 from closeness import assert_forward_close, assert_grad_close
 
 torch = pytest.importorskip("torch", reason="the parity suite compares with torch")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import accuracy  # noqa: E402  (benchmarks/accuracy.py)
+import accuracy_corpus as accuracy  # noqa: E402  (tests/accuracy_corpus.py)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 BF16 = rmsnorm._dtypes.BF16
