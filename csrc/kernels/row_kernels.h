@@ -31,6 +31,15 @@
 #include "kernels.h"
 
 #define RMS_VD_PER_VF (RMS_VF_WIDTH / RMS_VD_WIDTH)
+/* Loops over a block's vectors or a row's accumulators have constant trip
+   counts; unrolled whole, their accumulators can stay in registers. */
+#if defined(__clang__)
+#define RMS_UNROLL _Pragma("clang loop unroll(full)")
+#elif defined(__GNUC__)
+#define RMS_UNROLL _Pragma("GCC unroll 64")
+#else
+#define RMS_UNROLL
+#endif
 #define RMS_ACCUMULATORS (RMS_LANES / RMS_VD_WIDTH)
 /* The backward sums two things in one pass and gives each half the lanes:
    more would not fit in the registers. */
@@ -130,12 +139,14 @@ RMS_ALWAYS_INLINE rms_block rms_load_doubles(rms_kind kind, const char *p, ptrdi
             rms_gather(kind, packed, p, stride, count);
             src = packed;
         }
+        RMS_UNROLL
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             block.part[h] = rms_vd_load(src + h * RMS_VD_WIDTH * 8);
         }
         return block;
     }
     const rms_vf floats = rms_load_floats(kind, p, stride, count);
+    RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         block.part[h] = rms_vd_widen(floats, h);
     }
@@ -158,12 +169,14 @@ RMS_ALWAYS_INLINE void rms_store_doubles(char *p, ptrdiff_t stride, ptrdiff_t co
                                          const rms_block *block, int stream)
 {
     if (stride == 8 && count == RMS_VF_WIDTH) {
+        RMS_UNROLL
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             rms_vd_store(p + h * RMS_VD_WIDTH * 8, block->part[h], stream);
         }
         return;
     }
     char packed[RMS_VF_WIDTH * 8];
+    RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         rms_vd_store(packed + h * RMS_VD_WIDTH * 8, block->part[h], 0);
     }
@@ -197,6 +210,7 @@ RMS_ALWAYS_INLINE void rms_store_rounded(rms_kind kind, char *p, ptrdiff_t strid
         return;
     }
     rms_block odd;
+    RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         odd.part[h] = rms_vd_round_to_odd(hi->part[h], err->part[h]);
     }
@@ -212,6 +226,7 @@ typedef struct {
 
 RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
 {
+    RMS_UNROLL
     for (int k = 0; k < RMS_ACCUMULATORS; k++) {
         lanes->sum[k] = rms_vd_set(0.0);
         lanes->comp[k] = rms_vd_set(0.0);
@@ -222,6 +237,7 @@ RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
 RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count)
 {
     double sum[RMS_LANES], comp[RMS_LANES];
+    RMS_UNROLL
     for (int k = 0; k < count / RMS_VD_WIDTH; k++) {
         rms_vd_store((char *)(sum + k * RMS_VD_WIDTH), lanes->sum[k], 0);
         rms_vd_store((char *)(comp + k * RMS_VD_WIDTH), lanes->comp[k], 0);
@@ -253,6 +269,7 @@ RMS_ALWAYS_INLINE void rms_accumulate(int compensated, rms_vd *sum, rms_vd *comp
 RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, rms_lanes *lanes, const char *x, ptrdiff_t xs,
                                        ptrdiff_t i, ptrdiff_t count, int scaled, double scale)
 {
+    RMS_UNROLL
     for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
         const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
         if (offset >= count) {
@@ -260,6 +277,7 @@ RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, rms_lanes *lanes, const char
         }
         const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
         rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, block_count);
+        RMS_UNROLL
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const rms_vd e = scaled ? rms_vd_mul(v.part[h], rms_vd_set(scale)) : v.part[h];
             const int k = b * RMS_VD_PER_VF + h;
@@ -299,6 +317,7 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
                                                ptrdiff_t i, ptrdiff_t count)
 {
     const int compensated_dot = !(rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk));
+    RMS_UNROLL
     for (int b = 0; b < RMS_DOT_LANES / RMS_VF_WIDTH; b++) {
         const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
         if (offset >= count) {
@@ -309,6 +328,7 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
         rms_block xv = rms_load_doubles(xk, rms_element(x, at, xs), xs, block_count);
         rms_block dyv = rms_load_doubles(xk, rms_element(dy, at, dys), dys, block_count);
         rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(w + at), 8, block_count);
+        RMS_UNROLL
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const int k = b * RMS_VD_PER_VF + h;
             const rms_vd g = rms_vd_mul(dyv.part[h], wv.part[h]);
@@ -411,6 +431,7 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
     const rms_block wv = rms_load_doubles(wk, w, ws, count);
     const rms_vd inv_hi = rms_vd_set(inv_rms.hi), inv_lo = rms_vd_set(inv_rms.lo);
     rms_block hi, err;
+    RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd xh = xv.part[h], wh = wv.part[h];
         if (rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk)) {
@@ -637,6 +658,7 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *dy, ptrdiff_t
        they agree to. */
     const int fused = RMS_HAVE_FMA && rms_kind_is_float_exact(xk);
     const rms_vd minus_mean = rms_vd_sub(rms_vd_set(0.0), mean_g_x_hat);
+    RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd x_hat = rms_vd_mul(xv.part[h], inv_rms);
         const rms_vd g = rms_vd_mul(dyv.part[h], wv.part[h]);
@@ -676,6 +698,7 @@ RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const 
     const rms_vf out = rms_vf_mul(inv_rms, rms_vf_fma(x_hat, minus_mean_g_x_hat, g));
     const rms_vf dy_x = rms_vf_mul(dyv, xv); /* exact */
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
+    RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         gw.part[h] = rms_vd_muladd(rms_vd_widen(dy_x, h), inv_rms_double, gw.part[h]);
     }

@@ -1,0 +1,89 @@
+"""Two builds of the kernels side by side: is a change faster or slower?
+
+    python benchmarks/compare_builds.py OTHER_CORE_SO [--repeats N]
+
+OTHER_CORE_SO is the ``rmsnorm/_core*.so`` of another build, for example one
+of an older commit made with ``git worktree add /tmp/old COMMIT`` and
+``python setup.py build_ext --inplace`` there. It is loaded beside the
+installed rmsnorm, and each shape's forward and backward gufuncs (``out=``
+given, one thread) are timed in both builds, interleaved repeat by repeat,
+with ``np.copyto`` of the same bytes: the ratios are of one run, on the same
+arrays, so machine noise hits both builds alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import rmsnorm
+from rmsnorm._dtypes import BF16, resolve_dtype
+from bench import at_page_offset, page_aligned, sample_seconds
+
+SHAPES = [(32, 4096), (2048, 4096), (4096, 8192)]
+DTYPES = ["float32", "float64", "float16", "bfloat16"]
+
+
+def load_other(path: Path):
+    """The other build's extension module, under a name of its own."""
+    loader = importlib.machinery.ExtensionFileLoader("_core", str(path))
+    spec = importlib.util.spec_from_file_location("_core", path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("other", type=Path, help="the other build's rmsnorm/_core*.so")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats (median)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES),
+                        help=f"comma-separated dtypes (default {','.join(DTYPES)})")
+    args = parser.parse_args(argv)
+    other = load_other(args.other)
+    dtypes = [resolve_dtype(name) for name in args.dtypes.split(",")]
+    if BF16 is not None and BF16 in dtypes:
+        other._register_bfloat16(BF16)
+    rmsnorm.set_num_threads(1)
+    other.set_num_threads(1)
+    print(f"this build: {rmsnorm._core.__file__}\nother build: {args.other}\n")
+    print("| shape | dtype | fwd / copy: this | other | bwd / copy: this | other |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for rows, n in SHAPES:
+        for dtype in dtypes:
+            rng = np.random.default_rng(0)
+            x = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
+            dy = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
+            w = page_aligned(rng.uniform(0.5, 1.5, n).astype(dtype))
+            eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
+            y, dx, scratch = (at_page_offset(x.shape, dtype, 0) for _ in range(3))
+            dw = at_page_offset(w.shape, dtype, 0)
+            candidates = {
+                "copy": lambda: np.copyto(scratch, x),
+                "fwd this": lambda: rmsnorm.forward(x, w, eps, out=y),
+                "fwd other": lambda: other.forward(x, w, eps, out=y),
+                "bwd this": lambda: rmsnorm.backward(dy, x, w, eps, out=(dx, dw)),
+                "bwd other": lambda: other.backward(dy, x, w, eps, out=(dx, dw)),
+            }
+            for fn in candidates.values():
+                sample_seconds(fn, 0.01)
+            samples = {name: [] for name in candidates}
+            for _ in range(args.repeats):
+                for name, fn in candidates.items():
+                    samples[name].append(sample_seconds(fn, 0.05))
+            t = {name: statistics.median(v) for name, v in samples.items()}
+            c = t["copy"]
+            print(f"| {rows}x{n} | {dtype.name} | {t['fwd this'] / c:.2f} "
+                  f"| {t['fwd other'] / c:.2f} | {t['bwd this'] / c:.2f} "
+                  f"| {t['bwd other'] / c:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
