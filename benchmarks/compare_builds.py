@@ -21,10 +21,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from bench import at_page_offset, page_aligned, sample_seconds
 
 import rmsnorm
 from rmsnorm._dtypes import BF16, resolve_dtype
-from bench import at_page_offset, page_aligned, sample_seconds
 
 SHAPES = [(32, 4096), (2048, 4096), (4096, 8192)]
 DTYPES = ["float32", "float64", "float16", "bfloat16"]
@@ -37,6 +37,31 @@ def load_other(path: Path):
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def time_shape(other, rows: int, n: int, dtype, repeats: int) -> dict:
+    """Median seconds of the copy and of each build's forward and backward."""
+    rng = np.random.default_rng(0)
+    x = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
+    dy = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
+    w = page_aligned(rng.uniform(0.5, 1.5, n).astype(dtype))
+    eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
+    y, dx, scratch = (at_page_offset(x.shape, dtype, 0) for _ in range(3))
+    dw = at_page_offset(w.shape, dtype, 0)
+    candidates = {
+        "copy": lambda: np.copyto(scratch, x),
+        "fwd this": lambda: rmsnorm.forward(x, w, eps, out=y),
+        "fwd other": lambda: other.forward(x, w, eps, out=y),
+        "bwd this": lambda: rmsnorm.backward(dy, x, w, eps, out=(dx, dw)),
+        "bwd other": lambda: other.backward(dy, x, w, eps, out=(dx, dw)),
+    }
+    for fn in candidates.values():  # warm-up
+        sample_seconds(fn, 0.01)
+    samples = {name: [] for name in candidates}
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            samples[name].append(sample_seconds(fn, 0.05))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def main(argv=None) -> int:
@@ -57,27 +82,7 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | --- | --- | --- |")
     for rows, n in SHAPES:
         for dtype in dtypes:
-            rng = np.random.default_rng(0)
-            x = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
-            dy = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
-            w = page_aligned(rng.uniform(0.5, 1.5, n).astype(dtype))
-            eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
-            y, dx, scratch = (at_page_offset(x.shape, dtype, 0) for _ in range(3))
-            dw = at_page_offset(w.shape, dtype, 0)
-            candidates = {
-                "copy": lambda: np.copyto(scratch, x),
-                "fwd this": lambda: rmsnorm.forward(x, w, eps, out=y),
-                "fwd other": lambda: other.forward(x, w, eps, out=y),
-                "bwd this": lambda: rmsnorm.backward(dy, x, w, eps, out=(dx, dw)),
-                "bwd other": lambda: other.backward(dy, x, w, eps, out=(dx, dw)),
-            }
-            for fn in candidates.values():
-                sample_seconds(fn, 0.01)
-            samples = {name: [] for name in candidates}
-            for _ in range(args.repeats):
-                for name, fn in candidates.items():
-                    samples[name].append(sample_seconds(fn, 0.05))
-            t = {name: statistics.median(v) for name, v in samples.items()}
+            t = time_shape(other, rows, n, dtype, args.repeats)
             c = t["copy"]
             print(f"| {rows}x{n} | {dtype.name} | {t['fwd this'] / c:.2f} "
                   f"| {t['fwd other'] / c:.2f} | {t['bwd this'] / c:.2f} "
