@@ -58,14 +58,14 @@ def rms_norm_backward(grad_output, x, normalized_shape, weight=None, eps=None):
     shape = tuple(np.atleast_1d(normalized_shape).tolist())
     eps64 = reference_eps(x.dtype, eps)
     rows = _rows(x, shape)
-    dy = _rows(grad_output, shape)
+    grad_output = _rows(grad_output, shape)
     n = rows.shape[1]
     w = np.ones(n) if weight is None else np.asarray(weight, np.float64).reshape(-1)
     inv_rms = 1.0 / np.sqrt(np.mean(rows * rows, axis=1, keepdims=True) + eps64)
     x_hat = rows * inv_rms
-    g = dy * w
+    g = grad_output * w
     grad_input = inv_rms * (g - x_hat * np.mean(g * x_hat, axis=1, keepdims=True))
     grad_weight = None
     if weight is not None:
-        grad_weight = np.sum(dy * x_hat, axis=0).reshape(shape)
+        grad_weight = np.sum(grad_output * x_hat, axis=0).reshape(shape)
     return grad_input.reshape(x.shape), grad_weight

@@ -247,7 +247,8 @@ RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count)
 
 /* Adds a * b to one accumulator: with its rounding errors in comp where
    the product is not exact in double (a float64 operand). */
-RMS_ALWAYS_INLINE void rms_accumulate(int compensated, rms_vd *sum, rms_vd *comp, rms_vd a, rms_vd b)
+RMS_ALWAYS_INLINE void rms_accumulate(int compensated, rms_vd *sum, rms_vd *comp, rms_vd a,
+                                      rms_vd b)
 {
     if (compensated) {
         const rms_vd p = rms_vd_mul(a, b);
@@ -288,8 +289,9 @@ RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, rms_lanes *lanes, const char
 
 /* sum(x^2) over a row whose first `done` elements (a multiple of
    RMS_LANES) are already in the lanes. */
-RMS_ALWAYS_INLINE rms_dd rms_finish_squares(rms_kind xk, rms_lanes *lanes, ptrdiff_t done, ptrdiff_t n,
-                                            const char *x, ptrdiff_t xs, int scaled, double scale)
+RMS_ALWAYS_INLINE rms_dd rms_finish_squares(rms_kind xk, rms_lanes *lanes, ptrdiff_t done,
+                                            ptrdiff_t n, const char *x, ptrdiff_t xs, int scaled,
+                                            double scale)
 {
     ptrdiff_t i = done;
     for (; i + RMS_LANES <= n; i += RMS_LANES) {
@@ -313,7 +315,8 @@ RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, ptrdiff_t n, const char *x
    RMS_DOT_LANES, into the first RMS_DOT_LANES lanes of each. */
 RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lanes *squares,
                                                rms_lanes *dot, const char *x, ptrdiff_t xs,
-                                               const char *dy, ptrdiff_t dys, const double *w,
+                                               const char *grad_output,
+                                               ptrdiff_t grad_output_stride, const double *w,
                                                ptrdiff_t i, ptrdiff_t count)
 {
     const int compensated_dot = !(rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk));
@@ -326,12 +329,13 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
         const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
         const ptrdiff_t at = i + offset;
         rms_block xv = rms_load_doubles(xk, rms_element(x, at, xs), xs, block_count);
-        rms_block dyv = rms_load_doubles(xk, rms_element(dy, at, dys), dys, block_count);
+        rms_block grad_output_v = rms_load_doubles(
+            xk, rms_element(grad_output, at, grad_output_stride), grad_output_stride, block_count);
         rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(w + at), 8, block_count);
         RMS_UNROLL
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const int k = b * RMS_VD_PER_VF + h;
-            const rms_vd g = rms_vd_mul(dyv.part[h], wv.part[h]);
+            const rms_vd g = rms_vd_mul(grad_output_v.part[h], wv.part[h]);
             rms_accumulate(!rms_kind_is_float_exact(xk), &squares->sum[k], &squares->comp[k],
                            xv.part[h], xv.part[h]);
             rms_accumulate(compensated_dot, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
@@ -641,13 +645,13 @@ RMS_ALWAYS_INLINE void rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forw
  * intermediate leaves the range of x_hat and g: inv_rms^3 underflows for
  * rows near 1e160 while each factor here stays near 1.
  */
-RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *dy, ptrdiff_t dys,
-                                          const char *x, ptrdiff_t xs, const double *w,
-                                          double *grad_weight, char *dx, ptrdiff_t dxs,
-                                          ptrdiff_t count, rms_vd inv_rms, rms_vd mean_g_x_hat,
-                                          int stream)
+RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
+                                          ptrdiff_t grad_output_stride, const char *x, ptrdiff_t xs,
+                                          const double *w, double *grad_weight, char *grad_input,
+                                          ptrdiff_t grad_input_stride, ptrdiff_t count,
+                                          rms_vd inv_rms, rms_vd mean_g_x_hat, int stream)
 {
-    const rms_block dyv = rms_load_doubles(xk, dy, dys, count);
+    const rms_block grad_output_v = rms_load_doubles(xk, grad_output, grad_output_stride, count);
     const rms_block xv = rms_load_doubles(xk, x, xs, count);
     const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)w, 8, count);
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
@@ -661,18 +665,18 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *dy, ptrdiff_t
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd x_hat = rms_vd_mul(xv.part[h], inv_rms);
-        const rms_vd g = rms_vd_mul(dyv.part[h], wv.part[h]);
+        const rms_vd g = rms_vd_mul(grad_output_v.part[h], wv.part[h]);
         if (fused) {
-            gw.part[h] = rms_vd_muladd(dyv.part[h], x_hat, gw.part[h]);
+            gw.part[h] = rms_vd_muladd(grad_output_v.part[h], x_hat, gw.part[h]);
             out.part[h] = rms_vd_mul(inv_rms, rms_vd_muladd(x_hat, minus_mean, g));
         }
         else {
-            gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(dyv.part[h], x_hat));
+            gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(grad_output_v.part[h], x_hat));
             out.part[h] = rms_vd_mul(inv_rms, rms_vd_sub(g, rms_vd_mul(x_hat, mean_g_x_hat)));
         }
     }
     rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
-    rms_store_narrowed(xk, dx, dxs, count, &out, stream);
+    rms_store_narrowed(xk, grad_input, grad_input_stride, count, &out, stream);
 }
 
 /*
@@ -683,67 +687,70 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *dy, ptrdiff_t
  * in double, where the rows add up: x * grad_output is exact in float, and
  * inv_rms joins it there.
  */
-RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const char *dy,
-                                                ptrdiff_t dys, const char *x, ptrdiff_t xs,
-                                                const char *w, ptrdiff_t ws, double *grad_weight,
-                                                char *dx, ptrdiff_t dxs, ptrdiff_t count,
+RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const char *grad_output,
+                                                ptrdiff_t grad_output_stride, const char *x,
+                                                ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                                double *grad_weight, char *grad_input,
+                                                ptrdiff_t grad_input_stride, ptrdiff_t count,
                                                 rms_vf inv_rms, rms_vd inv_rms_double,
                                                 rms_vf minus_mean_g_x_hat, int stream)
 {
-    const rms_vf dyv = rms_load_floats(xk, dy, dys, count);
+    const rms_vf grad_output_v = rms_load_floats(xk, grad_output, grad_output_stride, count);
     const rms_vf xv = rms_load_floats(xk, x, xs, count);
     const rms_vf wv = rms_load_floats(wk, w, ws, count);
     const rms_vf x_hat = rms_vf_mul(xv, inv_rms);
-    const rms_vf g = rms_vf_mul(dyv, wv);
+    const rms_vf g = rms_vf_mul(grad_output_v, wv);
     const rms_vf out = rms_vf_mul(inv_rms, rms_vf_fma(x_hat, minus_mean_g_x_hat, g));
-    const rms_vf dy_x = rms_vf_mul(dyv, xv); /* exact */
+    const rms_vf grad_output_x = rms_vf_mul(grad_output_v, xv); /* exact */
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
-        gw.part[h] = rms_vd_muladd(rms_vd_widen(dy_x, h), inv_rms_double, gw.part[h]);
+        gw.part[h] = rms_vd_muladd(rms_vd_widen(grad_output_x, h), inv_rms_double, gw.part[h]);
     }
     rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
-    rms_store_floats(xk, dx, dxs, count, out, stream);
+    rms_store_floats(xk, grad_input, grad_input_stride, count, out, stream);
 }
 
 /* One block of the backward, in float or in double. */
-RMS_ALWAYS_INLINE void rms_backward_any_block(rms_kind xk, rms_kind wk, int in_float, const char *dy,
-                                              ptrdiff_t dys, const char *x, ptrdiff_t xs,
-                                              const double *w_double, const char *w, ptrdiff_t ws,
-                                              double *grad_weight, char *dx, ptrdiff_t dxs,
-                                              ptrdiff_t count, rms_vd inv_rms, rms_vd mean,
-                                              rms_vf inv_rms_float, rms_vf minus_mean_float,
-                                              int stream)
+RMS_ALWAYS_INLINE void rms_backward_any_block(
+    rms_kind xk, rms_kind wk, int in_float, const char *grad_output, ptrdiff_t grad_output_stride,
+    const char *x, ptrdiff_t xs, const double *w_double, const char *w, ptrdiff_t ws,
+    double *grad_weight, char *grad_input, ptrdiff_t grad_input_stride, ptrdiff_t count,
+    rms_vd inv_rms, rms_vd mean, rms_vf inv_rms_float, rms_vf minus_mean_float, int stream)
 {
     if (in_float) {
-        rms_backward_block_float(xk, wk, dy, dys, x, xs, w, ws, grad_weight, dx, dxs, count,
-                                 inv_rms_float, inv_rms, minus_mean_float, stream);
+        rms_backward_block_float(xk, wk, grad_output, grad_output_stride, x, xs, w, ws, grad_weight,
+                                 grad_input, grad_input_stride, count, inv_rms_float, inv_rms,
+                                 minus_mean_float, stream);
     }
     else {
-        rms_backward_block(xk, dy, dys, x, xs, w_double, grad_weight, dx, dxs, count, inv_rms,
-                           mean, stream);
+        rms_backward_block(xk, grad_output, grad_output_stride, x, xs, w_double, grad_weight,
+                           grad_input, grad_input_stride, count, inv_rms, mean, stream);
     }
 }
 
 /* One row of the backward. A streamed output's write loop also asks for
-   the grad_output and x of a row further on (ahead_dy and ahead_x, or
+   the grad_output and x of a row further on (ahead_grad_output and ahead_x, or
    NULL), as rms_forward_write asks for the next row. */
-RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *dy,
-                                        ptrdiff_t dys, const char *x, ptrdiff_t xs,
-                                        const double *w, const char *w_stored, ptrdiff_t ws,
-                                        double eps, char *dx, ptrdiff_t dxs,
-                                        double *grad_weight, int stream, const char *ahead_dy,
-                                        const char *ahead_x)
+RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
+                                        const char *grad_output, ptrdiff_t grad_output_stride,
+                                        const char *x, ptrdiff_t xs, const double *w,
+                                        const char *w_stored, ptrdiff_t ws, double eps,
+                                        char *grad_input, ptrdiff_t grad_input_stride,
+                                        double *grad_weight, int stream,
+                                        const char *ahead_grad_output, const char *ahead_x)
 {
     rms_lanes squares, dot;
     rms_lanes_clear(&squares);
     rms_lanes_clear(&dot);
     ptrdiff_t i = 0;
     for (; i + RMS_DOT_LANES <= n; i += RMS_DOT_LANES) {
-        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, dy, dys, w, i, RMS_DOT_LANES);
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, grad_output, grad_output_stride, w,
+                                i, RMS_DOT_LANES);
     }
     if (i < n) {
-        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, dy, dys, w, i, n - i);
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, grad_output, grad_output_stride, w,
+                                i, n - i);
     }
     const rms_dd sum_squares = rms_lanes_total(&squares, RMS_DOT_LANES);
     const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES);
@@ -760,34 +767,40 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, c
                          inv_rms <= 0x1p100 && fabs(mean_g_x_hat) <= 0x1p100;
 
     const ptrdiff_t size = rms_kind_size(xk);
-    const ptrdiff_t head = rms_unaligned_head(dx, dxs, size, n);
-    const int streamed = rms_can_stream(stream, rms_element_out(dx, head, dxs), dxs, size);
+    const ptrdiff_t head = rms_unaligned_head(grad_input, grad_input_stride, size, n);
+    const int streamed = rms_can_stream(
+        stream, rms_element_out(grad_input, head, grad_input_stride), grad_input_stride, size);
     for (i = 0; i < head; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
-        rms_backward_any_block(xk, wk, in_float, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs,
-                               w + i, rms_element(w_stored, i, ws), ws, grad_weight + i,
-                               rms_element_out(dx, i, dxs), dxs, count, inv, mean, inv_float,
-                               minus_mean_float, 0);
+        rms_backward_any_block(xk, wk, in_float, rms_element(grad_output, i, grad_output_stride),
+                               grad_output_stride, rms_element(x, i, xs), xs, w + i,
+                               rms_element(w_stored, i, ws), ws, grad_weight + i,
+                               rms_element_out(grad_input, i, grad_input_stride), grad_input_stride,
+                               count, inv, mean, inv_float, minus_mean_float, 0);
     }
     for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
         if (streamed && ahead_x != NULL) {
-            rms_prefetch(rms_element(ahead_dy, i, dys), RMS_LANES * dys);
+            rms_prefetch(rms_element(ahead_grad_output, i, grad_output_stride),
+                         RMS_LANES * grad_output_stride);
             rms_prefetch(rms_element(ahead_x, i, xs), RMS_LANES * xs);
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
             const ptrdiff_t at = i + b;
-            rms_backward_any_block(xk, wk, in_float, rms_element(dy, at, dys), dys, rms_element(x, at, xs),
-                                   xs, w + at, rms_element(w_stored, at, ws), ws, grad_weight + at,
-                                   rms_element_out(dx, at, dxs), dxs, RMS_VF_WIDTH, inv, mean,
-                                   inv_float, minus_mean_float, streamed);
+            rms_backward_any_block(
+                xk, wk, in_float, rms_element(grad_output, at, grad_output_stride),
+                grad_output_stride, rms_element(x, at, xs), xs, w + at,
+                rms_element(w_stored, at, ws), ws, grad_weight + at,
+                rms_element_out(grad_input, at, grad_input_stride), grad_input_stride, RMS_VF_WIDTH,
+                inv, mean, inv_float, minus_mean_float, streamed);
         }
     }
     for (; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        rms_backward_any_block(xk, wk, in_float, rms_element(dy, i, dys), dys, rms_element(x, i, xs), xs,
-                               w + i, rms_element(w_stored, i, ws), ws, grad_weight + i,
-                               rms_element_out(dx, i, dxs), dxs, count, inv, mean, inv_float,
-                               minus_mean_float, 0);
+        rms_backward_any_block(xk, wk, in_float, rms_element(grad_output, i, grad_output_stride),
+                               grad_output_stride, rms_element(x, i, xs), xs, w + i,
+                               rms_element(w_stored, i, ws), ws, grad_weight + i,
+                               rms_element_out(grad_input, i, grad_input_stride), grad_input_stride,
+                               count, inv, mean, inv_float, minus_mean_float, 0);
     }
 }
 
@@ -806,21 +819,21 @@ RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_bac
     enum { AHEAD = 2 };
     const ptrdiff_t ahead_end = p->ahead_end > row_end ? p->ahead_end : row_end;
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
-        const char *dy = rms_element(p->grad_output.data, r, p->grad_output.row_stride);
+        const char *grad_output = rms_element(p->grad_output.data, r, p->grad_output.row_stride);
         const char *x = rms_element(p->x.data, r, p->x.row_stride);
-        char *dx = rms_element_out(p->grad_input.data, r, p->grad_input.row_stride);
+        char *grad_input = rms_element_out(p->grad_input.data, r, p->grad_input.row_stride);
         if (contiguous) {
             const int ahead = r + AHEAD < ahead_end;
-            rms_backward_row(xk, wk, p->n, dy, es, x, es, weight, p->weight, p->weight_stride, eps,
-                             dx, es, grad_weight_partial,
-                             p->stream_output,
-                             ahead ? rms_element(dy, AHEAD, p->grad_output.row_stride) : NULL,
-                             ahead ? rms_element(x, AHEAD, p->x.row_stride) : NULL);
+            rms_backward_row(
+                xk, wk, p->n, grad_output, es, x, es, weight, p->weight, p->weight_stride, eps,
+                grad_input, es, grad_weight_partial, p->stream_output,
+                ahead ? rms_element(grad_output, AHEAD, p->grad_output.row_stride) : NULL,
+                ahead ? rms_element(x, AHEAD, p->x.row_stride) : NULL);
         }
         else {
-            rms_backward_row(xk, wk, p->n, dy, p->grad_output.stride, x, p->x.stride, weight,
-                             p->weight, p->weight_stride, eps, dx, p->grad_input.stride,
-                             grad_weight_partial, 0, NULL, NULL);
+            rms_backward_row(xk, wk, p->n, grad_output, p->grad_output.stride, x, p->x.stride,
+                             weight, p->weight, p->weight_stride, eps, grad_input,
+                             p->grad_input.stride, grad_weight_partial, 0, NULL, NULL);
         }
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
@@ -834,7 +847,8 @@ RMS_ALWAYS_INLINE void rms_widen_weight(rms_kind wk, ptrdiff_t n, const char *sr
 {
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        const rms_block v = rms_load_doubles(wk, rms_element(src, i, src_stride), src_stride, count);
+        const rms_block v =
+            rms_load_doubles(wk, rms_element(src, i, src_stride), src_stride, count);
         rms_store_doubles((char *)(dst + i), 8, count, &v, 0);
     }
 }
