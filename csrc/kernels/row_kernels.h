@@ -233,7 +233,7 @@ RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
     }
 }
 
-/* The first `lanes` lanes summed in a fixed order. */
+/* The first `count` lanes summed in a fixed order (pairwise, dd_math.h). */
 RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count)
 {
     double sum[RMS_LANES], comp[RMS_LANES];
