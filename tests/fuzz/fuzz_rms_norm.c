@@ -44,7 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../csrc/kernels/rms_norm.h"
+#include "../../csrc/kernels/kernels.h"
 #include "../../csrc/kernels/thread_pool.h"
 
 #ifndef RMS_FUZZ_STRICT
@@ -499,12 +499,12 @@ static void run_backward(const shape *s, input *in)
 
     rms_backward_problem problem = {
         .n = n,
-        .grad_out = matrix(&grad),
+        .grad_output = matrix(&grad),
         .x = matrix(&x),
         .weight = w.base,
         .weight_stride = w.stride * w.size,
-        .eps = (double)eps,
-        .grad_in = matrix(&grad_in),
+        .eps = eps_bytes,
+        .grad_input = matrix(&grad_in),
     };
     char text[256];
     snprintf(text, sizeof text,
@@ -530,7 +530,7 @@ static void run_backward(const shape *s, input *in)
         fill_sentinel(&again_in);
         fill_sentinel(&again_weight);
         rms_backward_problem single = problem;
-        single.grad_in = matrix(&again_in);
+        single.grad_input = matrix(&again_in);
         rms_pool_set_num_threads(1);
         rms_norm_backward(t->type, &single, rows, again_weight.base,
                           again_weight.stride * again_weight.size);

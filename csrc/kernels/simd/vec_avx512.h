@@ -43,14 +43,13 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_product_error(rms_vd a, rms_vd b, rms_vd p)
 
 RMS_ALWAYS_INLINE rms_vf rms_vf_zero_where_inf(rms_vf value, rms_vf w)
 {
-    const int infinite = 0x08 | 0x10; /* vfpclass: +inf, -inf */
-    return _mm512_maskz_mov_ps(~_mm512_fpclass_ps_mask(w, infinite), value);
+    /* vfpclass categories: 0x08 +inf, 0x10 -inf */
+    return _mm512_maskz_mov_ps(~_mm512_fpclass_ps_mask(w, 0x08 | 0x10), value);
 }
 
 RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
 {
-    const int infinite = 0x08 | 0x10;
-    return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, infinite), value);
+    return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, 0x08 | 0x10), value);
 }
 
 /* Loads 16 elements of a 32- or 16-bit kind, widened to float (exact). */
@@ -141,9 +140,8 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_narrow(const rms_vd *parts)
    if from the doubles directly. */
 RMS_ALWAYS_INLINE rms_vf rms_vf_narrow_round_to_odd(const rms_vd *parts)
 {
-    const int toward_zero = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
-    __m256 low = _mm512_cvt_roundpd_ps(parts[0], toward_zero);
-    __m256 high = _mm512_cvt_roundpd_ps(parts[1], toward_zero);
+    __m256 low = _mm512_cvt_roundpd_ps(parts[0], _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 high = _mm512_cvt_roundpd_ps(parts[1], _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     __mmask8 low_inexact = _mm512_cmp_pd_mask(_mm512_cvtps_pd(low), parts[0], _CMP_NEQ_OQ);
     __mmask8 high_inexact = _mm512_cmp_pd_mask(_mm512_cvtps_pd(high), parts[1], _CMP_NEQ_OQ);
     __m512i bits = _mm512_castps_si512(
