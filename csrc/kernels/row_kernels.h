@@ -24,6 +24,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dd_math.h"
@@ -145,6 +146,10 @@ RMS_ALWAYS_INLINE rms_block rms_load_doubles(rms_kind kind, const char *p, ptrdi
         }
         return block;
     }
+    if (stride == rms_kind_size(kind) && count == RMS_VF_WIDTH) {
+        rms_vd_load_widened(kind, p, block.part); /* the cheapest way each vocabulary has */
+        return block;
+    }
     const rms_vf floats = rms_load_floats(kind, p, stride, count);
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
@@ -163,6 +168,18 @@ RMS_ALWAYS_INLINE void rms_store_floats(rms_kind kind, char *p, ptrdiff_t stride
     char packed[RMS_VF_WIDTH * 4];
     rms_vf_store(kind, packed, v, 0);
     rms_scatter(kind, p, stride, packed, count);
+}
+
+RMS_ALWAYS_INLINE void rms_store_halves(char *p, ptrdiff_t stride, ptrdiff_t count, rms_vh v,
+                                        int stream)
+{
+    if (stride == 2 && count == RMS_VF_WIDTH) {
+        rms_vh_store(p, v, stream);
+        return;
+    }
+    char packed[RMS_VF_WIDTH * 2];
+    rms_vh_store(packed, v, 0);
+    rms_scatter(RMS_KIND_F16, p, stride, packed, count);
 }
 
 RMS_ALWAYS_INLINE void rms_store_doubles(char *p, ptrdiff_t stride, ptrdiff_t count,
@@ -394,32 +411,90 @@ RMS_ALWAYS_INLINE rms_dd rms_inv_rms(rms_kind xk, ptrdiff_t n, const char *x, pt
 
 /* ---- the forward -------------------------------------------------------- */
 
+/* inv_rms in each form that a row's write pass uses. */
+typedef struct {
+    rms_dd dd;           /* the double path's: hi + lo */
+    rms_vf hi, lo;       /* the float path's: hi, inv_rms rounded to float, and the rest */
+    rms_vf below, above; /* float16's fast path's: a little below and above inv_rms */
+} rms_inv_forms;
+
+/* How a row's blocks are written: each in double, each in float, or each
+   the fast 16-bit way where that is sure to be exact, else in double. */
+typedef enum { RMS_WRITE_DOUBLE, RMS_WRITE_FLOAT, RMS_WRITE_FAST16 } rms_write_mode;
+
+/* Whether the type has the fast 16-bit write: float16 or bfloat16 x, with
+   a weight of the same kind or float32. Every instruction set's kernels
+   have it, the portable ones too: it needs plain float products only
+   (there, it makes the 16-bit forward two to four times faster than the
+   double path). */
+RMS_ALWAYS_INLINE int rms_has_fast16(rms_kind xk, rms_kind wk)
+{
+    return rms_kind_size(xk) == 2 && (wk == xk || wk == RMS_KIND_F32);
+}
+
+/* How far the fast 16-bit write's product x * w may be from exact, in
+   units of 2^-24 relative: 0 where x and w are both 16-bit (11 + 11 or
+   8 + 8 significant bits fit a float), 1 with a float32 weight (one
+   rounding to nearest). */
+RMS_ALWAYS_INLINE int rms_fast16_product_error(rms_kind xk, rms_kind wk)
+{
+    return wk == xk ? 0 : 1;
+}
+
+/* The largest float not above v, and the smallest not below: v positive,
+   and inside float's normal range. */
+static inline float rms_float_at_most(double v)
+{
+    const float f = (float)v;
+    return (double)f > v ? rms_bits_float(rms_float_bits(f) - 1) : f;
+}
+
+static inline float rms_float_at_least(double v)
+{
+    const float f = (float)v;
+    return (double)f < v ? rms_bits_float(rms_float_bits(f) + 1) : f;
+}
+
+RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, rms_dd inv_rms,
+                                                 rms_write_mode mode)
+{
+    rms_inv_forms forms;
+    forms.dd = inv_rms;
+    const float hi = (float)inv_rms.hi;
+    forms.hi = rms_vf_set(hi);
+    forms.lo = rms_vf_set((float)((inv_rms.hi - (double)hi) + inv_rms.lo));
+    /* rms_forward_block_fast16 says why this margin */
+    const double margin = 0x1p-23 * (1 + rms_fast16_product_error(xk, wk));
+    const int fast = mode == RMS_WRITE_FAST16;
+    forms.below = rms_vf_set(fast ? rms_float_at_most(inv_rms.hi * (1.0 - margin)) : 0.0f);
+    forms.above = rms_vf_set(fast ? rms_float_at_least(inv_rms.hi * (1.0 + margin)) : 0.0f);
+    return forms;
+}
+
 /*
  * y = x * inv_rms * weight for one block, rounded once.
  *
  * inv_rms comes as hi + lo, and the product is formed with its rounding
- * errors, so the only rounding of note is the final one. For float32 and
- * narrower, converting every element to double and back costs more than
- * the arithmetic, so where fused multiply-adds exist the block is worked
- * in float, with inv_rms split into two floats (rms_forward_row says
- * where): u = x * inv_rms as u_hi + u_lo, then u_hi * w + u_lo * w in one
- * fused rounding, to odd for 16-bit outputs.
+ * errors, so the only rounding of note is the final one. For float32,
+ * converting every element to double and back costs more than the
+ * arithmetic, so where fused multiply-adds exist the block is worked in
+ * float, with inv_rms split into two floats (rms_forward_row says where):
+ * u = x * inv_rms as u_hi + u_lo, then u_hi * w + u_lo * w in one fused
+ * rounding. (16-bit x has a cheaper way, rms_forward_block_fast16.)
  */
 RMS_ALWAYS_INLINE void rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
                                                ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
-                                               ptrdiff_t ys, ptrdiff_t count, rms_vf inv_hi,
-                                               rms_vf inv_lo, int stream)
+                                               ptrdiff_t ys, ptrdiff_t count,
+                                               const rms_inv_forms *inv, int stream)
 {
     const rms_vf xv = rms_load_floats(xk, x, xs, count);
     const rms_vf wv = rms_load_floats(wk, w, ws, count);
-    const rms_vf u_hi = rms_vf_mul(xv, inv_hi);
-    const rms_vf u_lo = rms_vf_fma(xv, inv_lo, rms_vf_product_error(xv, inv_hi, u_hi));
+    const rms_vf u_hi = rms_vf_mul(xv, inv->hi);
+    const rms_vf u_lo = rms_vf_fma(xv, inv->lo, rms_vf_product_error(xv, inv->hi, u_hi));
     /* An infinite w: y is +-inf, as in torch; u_lo * w (0 * inf, or an inf
        of the other sign) must not make it NaN. */
     const rms_vf low = rms_vf_zero_where_inf(rms_vf_mul(u_lo, wv), wv);
-    const rms_vf yv = xk == RMS_KIND_F32 ? rms_vf_fma(u_hi, wv, low)
-                                         : rms_vf_fma_round_to_odd(u_hi, wv, low);
-    rms_store_floats(xk, y, ys, count, yv, stream);
+    rms_store_floats(xk, y, ys, count, rms_vf_fma(u_hi, wv, low), stream);
 }
 
 /* The same in double, for every type: exact products where x and w are
@@ -464,6 +539,71 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
         }
     }
     rms_store_rounded(xk, y, ys, count, &hi, &err, stream);
+}
+
+/*
+ * y for one block of 16-bit x, the cheap way, where that is sure to round
+ * as the exact y = x * w * inv_rms does (inv_rms the double-double hi +
+ * lo); returns 0, having written nothing, where it is not sure, and the
+ * caller writes the block in double. That is rare, about 1 lane in 2000
+ * for float16 and 1 in 13000 for bfloat16 (a little more with a float32
+ * weight): a lane within a few float ulps of a 16-bit rounding boundary, or
+ * a bfloat16 product that is not a normal float. The float path, which
+ * carries the product to twice float's precision and rounds it to odd,
+ * costs three times the arithmetic.
+ *
+ * p = x * w is exact in float where w is 16-bit (11 + 11 or 8 + 8
+ * significant bits), and within 2^-24 of x * w with a float32 weight, as
+ * long as it is a normal float: a product of two float16 values always is,
+ * other float16 ones need not be (below), bfloat16 ones are checked. From
+ * it come two floats lo and hi with |lo| <= |y| <= |hi|, each rounded to 16
+ * bits by a rounding that is monotone and goes no further than y's rounding
+ * to nearest even would (down from lo, up from hi): where the two agree, y
+ * rounds to the same 16 bits.
+ *
+ * float16: lo = p * below and hi = p * above, rounded to nearest, with below
+ * <= inv_rms.hi (1 - m) and above >= inv_rms.hi (1 + m), m = 2^-23, or 2^-22
+ * with a float32 weight. The margin outweighs the products' roundings
+ * (2^-24 each) and inv_rms.lo (under 2^-50 inv_rms.hi), so |lo| < |y| < |hi|
+ * where p is a normal float. Where it is not, |y| < 2^-26 (inv_rms is at
+ * most 2^100 here): all three round to 0, or, past float's range, to inf.
+ * Both are rounded to nearest even.
+ *
+ * bfloat16: one product, t = p * hi (inv_rms rounded to float). t is within
+ * 1/2 ulp of p * hi, which is within 2^-24 (1 + 2^-26) |y| of y, one more
+ * 2^-24 |y| with a float32 weight: 1.5 ulps and a hair (2.5), under 2 (3)
+ * ulps of the smaller binade where t and y straddle a power of 2, and under
+ * 1 ulp in float's subnormal range. So the floats k = 2 (3) below and above
+ * t in bit pattern bracket y, and adding 0x7fff - k and 0x8000 + k to t's
+ * bits rounds them to bfloat16 half down and half up, an add each (where
+ * the magnitude's pattern is below k, to 0 by itself).
+ */
+RMS_ALWAYS_INLINE int rms_forward_block_fast16(rms_kind xk, rms_kind wk, const char *x,
+                                               ptrdiff_t xs, const float *w, char *y,
+                                               ptrdiff_t ys, ptrdiff_t count,
+                                               const rms_inv_forms *inv, int stream)
+{
+    const rms_vf xv = rms_load_floats(xk, x, xs, count);
+    const rms_vf wv = rms_load_floats(RMS_KIND_F32, (const char *)w, 4, count);
+    const rms_vf p = rms_vf_mul(xv, wv);
+    rms_vh hi;
+    int unsure;
+    if (xk == RMS_KIND_F16) {
+        hi = rms_vf_to_float16(rms_vf_mul(p, inv->above));
+        unsure = !rms_vh_equal(rms_vf_to_float16(rms_vf_mul(p, inv->below)), hi);
+    }
+    else {
+        const int k = 2 + rms_fast16_product_error(xk, wk);
+        const rms_vf t = rms_vf_mul(p, inv->hi);
+        hi = rms_vf_top16_biased(t, 0x8000 + k);
+        /* | not ||: one branch on both tests */
+        unsure = (!rms_vf_top16_agree(t, 0x7fff - k, 0x8000 + k)) | rms_vf_any_abnormal(p);
+    }
+    if (unsure) {
+        return 0;
+    }
+    rms_store_halves(y, ys, count, hi, stream);
+    return 1;
 }
 
 /* Asks for the bytes [p, p + bytes) to be brought into cache, without
@@ -517,17 +657,63 @@ RMS_ALWAYS_INLINE int rms_can_stream(int stream, const char *out, ptrdiff_t stri
            (uintptr_t)out % RMS_VECTOR_BYTES == 0;
 }
 
-/* One block of the forward, in float or in double. */
-RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, int in_float, const char *x,
-                                         ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
-                                         ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms,
-                                         rms_vf inv_hi, rms_vf inv_lo, int stream)
+/* One block of the forward, the way mode says. */
+RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                         const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                         const float *w_floats, ptrdiff_t at, char *y,
+                                         ptrdiff_t ys, ptrdiff_t count, const rms_inv_forms *inv,
+                                         int stream)
 {
-    if (in_float) {
-        rms_forward_block_float(xk, wk, x, xs, w, ws, y, ys, count, inv_hi, inv_lo, stream);
+    if (mode == RMS_WRITE_FAST16 &&
+        rms_forward_block_fast16(xk, wk, x, xs, w_floats + at, y, ys, count, inv, stream)) {
+        return;
+    }
+    if (mode == RMS_WRITE_FLOAT) {
+        rms_forward_block_float(xk, wk, x, xs, w, ws, y, ys, count, inv, stream);
     }
     else {
-        rms_forward_block_double(xk, wk, x, xs, w, ws, y, ys, count, inv_rms, stream);
+        rms_forward_block_double(xk, wk, x, xs, w, ws, y, ys, count, inv->dd, stream);
+    }
+}
+
+/* The write loop of rms_forward_write. reduce, a constant at each call,
+   says whether it also adds the next row's squares into next: decided
+   inside the loop, the choice left the compiler keeping those sums in
+   memory, loaded and stored at every step (a tenth of the in-cache 16-bit
+   forward). */
+RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                              ptrdiff_t n, const char *x, ptrdiff_t xs,
+                                              const char *w, ptrdiff_t ws,
+                                              const float *w_floats, char *y, ptrdiff_t ys,
+                                              ptrdiff_t head, int streamed,
+                                              const rms_inv_forms *inv, const char *next_x,
+                                              int reduce, rms_lanes *next, ptrdiff_t *next_done)
+{
+    ptrdiff_t i = 0;
+    for (; i < head; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
+        rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
+                          w_floats, i, rms_element_out(y, i, ys), ys, count, inv, 0);
+    }
+    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
+        if (reduce) {
+            rms_add_squares(xk, next, next_x, xs, *next_done, RMS_LANES, 0, 1.0);
+            *next_done += RMS_LANES;
+        }
+        else if (next_x != NULL) {
+            rms_prefetch(rms_element(next_x, i, xs), RMS_LANES * xs);
+        }
+        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
+            const ptrdiff_t at = i + b;
+            rms_forward_block(xk, wk, mode, rms_element(x, at, xs), xs, rms_element(w, at, ws),
+                              ws, w_floats, at, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH,
+                              inv, streamed);
+        }
+    }
+    for (; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
+                          w_floats, i, rms_element_out(y, i, ys), ys, count, inv, 0);
     }
 }
 
@@ -540,45 +726,26 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, int in_float,
  * writes: it asks for the next row instead, which is then reduced from
  * cache.
  */
-RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, int in_float, ptrdiff_t n,
-                                           const char *x, ptrdiff_t xs, const char *w,
-                                           ptrdiff_t ws, char *y, ptrdiff_t ys, int stream,
-                                           rms_dd inv_rms, const char *next_x)
+RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                           ptrdiff_t n, const char *x, ptrdiff_t xs, const char *w,
+                                           ptrdiff_t ws, const float *w_floats, char *y,
+                                           ptrdiff_t ys, int stream, rms_dd inv_rms,
+                                           const char *next_x)
 {
-    const float inv_hi_float = (float)inv_rms.hi;
-    const rms_vf inv_hi = rms_vf_set(inv_hi_float);
-    const rms_vf inv_lo = rms_vf_set((float)((inv_rms.hi - (double)inv_hi_float) + inv_rms.lo));
+    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, inv_rms, mode);
     const ptrdiff_t size = rms_kind_size(xk);
     const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
     const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
     rms_lanes next;
     rms_lanes_clear(&next);
     ptrdiff_t next_done = 0;
-    ptrdiff_t i = 0;
-    for (; i < head; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
-        rms_forward_block(xk, wk, in_float, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
-                          rms_element_out(y, i, ys), ys, count, inv_rms, inv_hi, inv_lo, 0);
+    if (next_x != NULL && !streamed) {
+        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, y, ys, head, streamed,
+                               &inv, next_x, 1, &next, &next_done);
     }
-    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
-        if (next_x != NULL && streamed) {
-            rms_prefetch(rms_element(next_x, i, xs), RMS_LANES * xs);
-        }
-        else if (next_x != NULL) {
-            rms_add_squares(xk, &next, next_x, xs, next_done, RMS_LANES, 0, 1.0);
-            next_done += RMS_LANES;
-        }
-        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
-            const ptrdiff_t at = i + b;
-            rms_forward_block(xk, wk, in_float, rms_element(x, at, xs), xs, rms_element(w, at, ws),
-                              ws, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH, inv_rms, inv_hi,
-                              inv_lo, streamed);
-        }
-    }
-    for (; i < n; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        rms_forward_block(xk, wk, in_float, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
-                          rms_element_out(y, i, ys), ys, count, inv_rms, inv_hi, inv_lo, 0);
+    else {
+        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, y, ys, head, streamed,
+                               &inv, next_x, 0, &next, &next_done);
     }
     if (next_x == NULL) {
         rms_dd none = {0.0, 0.0};
@@ -587,19 +754,46 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, int in_floa
     return rms_finish_squares(xk, &next, next_done, n, next_x, xs, 0, 1.0);
 }
 
-/* One row of the forward: inv_rms from its sum of squares, then the write.
-   The float write needs inv_rms's low part inside float's normal range. */
+/*
+ * One row of the forward: inv_rms from its sum of squares, then the write.
+ * The float write needs inv_rms's low part inside float's normal range; so
+ * does the fast 16-bit one, and for bfloat16 inv_rms <= 2^15 besides: then
+ * a product x * w that is 0 in float (below 2^-150) makes |y| < 2^-134,
+ * which rounds to 0 too. 16-bit rows outside that go in double, not in
+ * float: where the weight is below about 2^-100, x * inv_rms.lo * w leaves
+ * float's range and the float path's result is not the correctly rounded
+ * one near a tie. The float path is float32's alone.
+ */
 RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *x,
-                                         ptrdiff_t xs, const char *w, ptrdiff_t ws, double eps,
-                                         char *y, ptrdiff_t ys, int stream, rms_dd sum_squares,
-                                         const char *next_x)
+                                         ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                         const float *w_floats, double eps, char *y, ptrdiff_t ys,
+                                         int stream, rms_dd sum_squares, const char *next_x)
 {
     const rms_dd inv_rms = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
-    const int float_exact = rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk);
-    if (RMS_HAVE_FMA && float_exact && inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100) {
-        return rms_forward_write(xk, wk, 1, n, x, xs, w, ws, y, ys, stream, inv_rms, next_x);
+    const int in_float_range = inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100;
+    if (rms_has_fast16(xk, wk)) {
+        if (w_floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
+            return rms_forward_write(xk, wk, RMS_WRITE_FAST16, n, x, xs, w, ws, w_floats, y, ys,
+                                     stream, inv_rms, next_x);
+        }
     }
-    return rms_forward_write(xk, wk, 0, n, x, xs, w, ws, y, ys, stream, inv_rms, next_x);
+    else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && in_float_range) {
+        return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, n, x, xs, w, ws, w_floats, y, ys,
+                                 stream, inv_rms, next_x);
+    }
+    return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, n, x, xs, w, ws, w_floats, y, ys, stream,
+                             inv_rms, next_x);
+}
+
+/* The weight as floats, for the fast 16-bit write. */
+RMS_ALWAYS_INLINE void rms_weight_floats(rms_kind wk, ptrdiff_t n, const char *w, ptrdiff_t ws,
+                                         float *dst)
+{
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_vf v = rms_load_floats(wk, rms_element(w, i, ws), ws, count);
+        rms_store_floats(RMS_KIND_F32, (char *)(dst + i), 4, count, v, 0);
+    }
 }
 
 /* The forward's rows [row_begin, row_end). Contiguous rows get the strides
@@ -612,6 +806,17 @@ RMS_ALWAYS_INLINE void rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forw
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const int contiguous = p->x.stride == es && p->y.stride == es && p->weight.stride == ws;
     rms_dd sum_squares = {0.0, 0.0};
+    /* The fast 16-bit write takes the weight as floats: converted (a
+       float32 one copied) here once for rows that share it, rather than in
+       every row's write (a tenth of the float16 forward). Where the memory
+       cannot be had, rows go in double. */
+    float *w_floats = NULL;
+    if (rms_has_fast16(xk, wk) && n > 0 && row_begin < row_end) {
+        w_floats = malloc((size_t)n * sizeof(float));
+        if (w_floats != NULL && p->weight.row_stride == 0) {
+            rms_weight_floats(wk, n, p->weight.data, p->weight.stride, w_floats);
+        }
+    }
     if (contiguous && row_begin < row_end) {
         sum_squares = rms_sum_squares(xk, n, rms_element(p->x.data, row_begin, p->x.row_stride), es,
                                       0, 1.0);
@@ -621,19 +826,23 @@ RMS_ALWAYS_INLINE void rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forw
         const char *w = rms_element(p->weight.data, r, p->weight.row_stride);
         char *y = rms_element_out(p->y.data, r, p->y.row_stride);
         const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
+        if (w_floats != NULL && p->weight.row_stride != 0) {
+            rms_weight_floats(wk, n, w, p->weight.stride, w_floats);
+        }
         if (!contiguous) {
-            rms_forward_row(xk, wk, n, x, p->x.stride, w, p->weight.stride, eps, y, p->y.stride, 0,
-                            rms_sum_squares(xk, n, x, p->x.stride, 0, 1.0), NULL);
+            rms_forward_row(xk, wk, n, x, p->x.stride, w, p->weight.stride, w_floats, eps, y,
+                            p->y.stride, 0, rms_sum_squares(xk, n, x, p->x.stride, 0, 1.0), NULL);
             continue;
         }
         const char *next_x =
             r + 1 < row_end ? rms_element(p->x.data, r + 1, p->x.row_stride) : NULL;
-        sum_squares = rms_forward_row(xk, wk, n, x, es, w, ws, eps, y, es, p->stream_output,
-                                      sum_squares, next_x);
+        sum_squares = rms_forward_row(xk, wk, n, x, es, w, ws, w_floats, eps, y, es,
+                                      p->stream_output, sum_squares, next_x);
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
         rms_stream_fence(); /* streamed stores are seen before the caller reads y */
     }
+    free(w_floats);
 }
 
 /* ---- the backward ------------------------------------------------------- */

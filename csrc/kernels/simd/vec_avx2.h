@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../types.h"
 #include "common.h"
@@ -21,6 +22,7 @@
 
 typedef __m256 rms_vf;
 typedef __m256d rms_vd;
+typedef __m128i rms_vh;
 
 RMS_ALWAYS_INLINE rms_vf rms_vf_set(float v) { return _mm256_set1_ps(v); }
 RMS_ALWAYS_INLINE rms_vf rms_vf_add(rms_vf a, rms_vf b) { return _mm256_add_ps(a, b); }
@@ -71,8 +73,16 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
     }
 }
 
+/* The top halves of 8 32-bit lanes, as unsigned 16-bit values, packed in
+   order. */
+RMS_ALWAYS_INLINE rms_vh rms_top_halves(__m256i bits)
+{
+    const __m256i shifted = _mm256_srli_epi32(bits, 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256(shifted, 1));
+}
+
 /* float to bfloat16 bits, to nearest even, NaN kept quiet. */
-RMS_ALWAYS_INLINE __m128i rms_vf_to_bf16(rms_vf v)
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_bf16(rms_vf v)
 {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
@@ -80,11 +90,64 @@ RMS_ALWAYS_INLINE __m128i rms_vf_to_bf16(rms_vf v)
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     const __m256i quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x400000));
     rounded = _mm256_blendv_epi8(rounded, quiet, nan);
-    /* the top halves, as unsigned 16-bit values, packed in order */
-    const __m256i shifted = _mm256_srli_epi32(rounded, 16);
-    const __m128i packed =
-        _mm_packus_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256(shifted, 1));
-    return packed;
+    return rms_top_halves(rounded);
+}
+
+/* float to float16 bits, to nearest even. */
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_float16(rms_vf v)
+{
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* The top 16 bits of each lane's bit pattern plus bias (no carry into the
+   sign where v is finite). */
+RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
+{
+    return rms_top_halves(_mm256_add_epi32(_mm256_castps_si256(v), _mm256_set1_epi32(bias)));
+}
+
+/* Whether rms_vf_top16_biased(v, a) and (v, b) agree in every lane: one
+   test of the 32-bit sums, without narrowing both. */
+RMS_ALWAYS_INLINE int rms_vf_top16_agree(rms_vf v, int32_t a, int32_t b)
+{
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i differ = _mm256_xor_si256(_mm256_add_epi32(bits, _mm256_set1_epi32(a)),
+                                            _mm256_add_epi32(bits, _mm256_set1_epi32(b)));
+    return _mm256_testz_si256(differ, _mm256_set1_epi32((int32_t)0xffff0000u));
+}
+
+RMS_ALWAYS_INLINE int rms_vh_equal(rms_vh a, rms_vh b)
+{
+    const __m128i differ = _mm_xor_si128(a, b);
+    return _mm_testz_si128(differ, differ);
+}
+
+/* Whether some lane is neither 0 nor a normal float: subnormal, infinite
+   or NaN. As magnitudes, those are the bit patterns in (0, 0x800000) and
+   from 0x7f800000 on (signed compares: the magnitude is never negative). */
+RMS_ALWAYS_INLINE int rms_vf_any_abnormal(rms_vf v)
+{
+    const __m256i magnitude =
+        _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff));
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i subnormal = _mm256_andnot_si256(
+        _mm256_cmpeq_epi32(magnitude, zero),
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(0x800000), magnitude));
+    const __m256i special = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f7fffff));
+    const __m256i abnormal = _mm256_or_si256(subnormal, special);
+    return !_mm256_testz_si256(abnormal, abnormal);
+}
+
+/* Stores 8 16-bit values; with stream, p is vector-aligned and the store
+   bypasses the cache. */
+RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
+{
+    if (stream) {
+        _mm_stream_si128((__m128i *)(void *)p, v);
+    }
+    else {
+        _mm_storeu_si128((__m128i *)(void *)p, v);
+    }
 }
 
 /* Stores 8 floats narrowed to a 32- or 16-bit kind, each rounded once to
@@ -92,14 +155,13 @@ RMS_ALWAYS_INLINE __m128i rms_vf_to_bf16(rms_vf v)
    bypass the cache. */
 RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
 {
-    __m128i narrow;
     switch (kind) {
     case RMS_KIND_F16:
-        narrow = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        break;
+        rms_vh_store(p, rms_vf_to_float16(v), stream);
+        return;
     case RMS_KIND_BF16:
-        narrow = rms_vf_to_bf16(v);
-        break;
+        rms_vh_store(p, rms_vf_to_bf16(v), stream);
+        return;
     default:
         if (stream) {
             _mm256_stream_ps((float *)(void *)p, v);
@@ -108,12 +170,6 @@ RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream
             _mm256_storeu_ps((float *)(void *)p, v);
         }
         return;
-    }
-    if (stream) {
-        _mm_stream_si128((__m128i *)(void *)p, narrow);
-    }
-    else {
-        _mm_storeu_si128((__m128i *)(void *)p, narrow);
     }
 }
 
@@ -134,6 +190,34 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_widen(rms_vf v, int part)
 {
     __m128 half = part == 0 ? _mm256_castps256_ps128(v) : _mm256_extractf128_ps(v, 1);
     return _mm256_cvtps_pd(half);
+}
+
+/* 8 elements of a 32- or 16-bit kind, widened to double (exact): lanes
+   0-3 in parts[0], 4-7 in parts[1]. Converted from memory, float32 halves
+   need no shuffle; bfloat16 becomes floats by interleaving zeros below
+   each element, which keeps the order within 128 bits; float16 does best
+   as one load and rms_vd_widen. */
+RMS_ALWAYS_INLINE void rms_vd_load_widened(rms_kind kind, const char *p, rms_vd *parts)
+{
+    switch (kind) {
+    case RMS_KIND_F16: {
+        const rms_vf floats = rms_vf_load(kind, p);
+        parts[0] = rms_vd_widen(floats, 0);
+        parts[1] = rms_vd_widen(floats, 1);
+        return;
+    }
+    case RMS_KIND_BF16: {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        const __m128i zero = _mm_setzero_si128();
+        parts[0] = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpacklo_epi16(zero, v)));
+        parts[1] = _mm256_cvtps_pd(_mm_castsi128_ps(_mm_unpackhi_epi16(zero, v)));
+        return;
+    }
+    default:
+        parts[0] = _mm256_cvtps_pd(_mm_loadu_ps((const float *)(const void *)p));
+        parts[1] = _mm256_cvtps_pd(_mm_loadu_ps((const float *)(const void *)p + 4));
+        return;
+    }
 }
 
 /* parts[0] and parts[1] narrowed to float, rounded to nearest. */
@@ -174,23 +258,9 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_narrow_round_to_odd(const rms_vd *parts)
     return _mm256_castsi256_ps(_mm256_or_si256(truncated, sticky));
 }
 
-/* hi + err (err below half an ulp of hi) rounded to odd as a float: where
+/* hi + err (err below half an ulp of hi) rounded to odd as a double: where
    err points toward zero, hi was rounded away from it and steps back one
    ulp; where err is not 0, the last bit is set. */
-RMS_ALWAYS_INLINE rms_vf rms_vf_round_to_odd(rms_vf hi, rms_vf err)
-{
-    const __m256i bits = _mm256_castps_si256(hi);
-    const __m256i inexact = _mm256_castps_si256(_mm256_cmp_ps(err, _mm256_setzero_ps(), _CMP_NEQ_OQ));
-    const __m256i nonzero = _mm256_castps_si256(_mm256_cmp_ps(hi, _mm256_setzero_ps(), _CMP_NEQ_OQ));
-    const __m256i toward_zero =
-        _mm256_cmpgt_epi32(_mm256_setzero_si256(), _mm256_xor_si256(bits, _mm256_castps_si256(err)));
-    const __m256i step = _mm256_and_si256(_mm256_and_si256(inexact, nonzero), toward_zero);
-    const __m256i truncated = _mm256_add_epi32(bits, step); /* step: 0 or -1 */
-    const __m256i sticky = _mm256_and_si256(inexact, _mm256_set1_epi32(1));
-    return _mm256_castsi256_ps(_mm256_or_si256(truncated, sticky));
-}
-
-/* The same for doubles. */
 RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
 {
     const __m256i bits = _mm256_castpd_si256(hi);
@@ -202,19 +272,6 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
     const __m256i truncated = _mm256_add_epi64(bits, step);
     const __m256i sticky = _mm256_and_si256(inexact, _mm256_set1_epi64x(1));
     return _mm256_castsi256_pd(_mm256_or_si256(truncated, sticky));
-}
-
-/* a * b + c rounded to odd: rounded to nearest, with its exact error from
-   the product's error and a two-sum, then rounded to odd. */
-RMS_ALWAYS_INLINE rms_vf rms_vf_fma_round_to_odd(rms_vf a, rms_vf b, rms_vf c)
-{
-    const rms_vf p = _mm256_mul_ps(a, b);
-    const rms_vf p_err = _mm256_fmsub_ps(a, b, p);
-    const rms_vf s = _mm256_add_ps(p, c);
-    const rms_vf c_virtual = _mm256_sub_ps(s, p);
-    const rms_vf s_err = _mm256_add_ps(_mm256_sub_ps(p, _mm256_sub_ps(s, c_virtual)),
-                                       _mm256_sub_ps(c, c_virtual));
-    return rms_vf_round_to_odd(s, _mm256_add_ps(s_err, p_err));
 }
 
 RMS_ALWAYS_INLINE void rms_stream_fence(void) { _mm_sfence(); }

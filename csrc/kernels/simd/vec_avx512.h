@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "../types.h"
 #include "common.h"
@@ -20,6 +21,7 @@
 
 typedef __m512 rms_vf;
 typedef __m512d rms_vd;
+typedef __m256i rms_vh;
 
 RMS_ALWAYS_INLINE rms_vf rms_vf_set(float v) { return _mm512_set1_ps(v); }
 RMS_ALWAYS_INLINE rms_vf rms_vf_add(rms_vf a, rms_vf b) { return _mm512_add_ps(a, b); }
@@ -67,6 +69,16 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
     }
 }
 
+/* The top halves of 16 32-bit lanes, packed in order. One word permute:
+   a shift and vpmovdw take three times the shuffle work. */
+RMS_ALWAYS_INLINE __m256i rms_top_halves(__m512i bits)
+{
+    const __m512i odd_words = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5,
+                                               3, 1, 31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9,
+                                               7, 5, 3, 1);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd_words, bits));
+}
+
 /* float to bfloat16 bits, to nearest even, NaN kept quiet. Not AVX512-BF16's
    vcvtneps2bf16: it flushes subnormal inputs and outputs to zero. */
 RMS_ALWAYS_INLINE __m256i rms_vf_to_bf16(rms_vf v)
@@ -76,7 +88,55 @@ RMS_ALWAYS_INLINE __m256i rms_vf_to_bf16(rms_vf v)
     __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
     const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x400000));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+    return rms_top_halves(rounded);
+}
+
+/* float to float16 bits, to nearest even. */
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_float16(rms_vf v)
+{
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* The top 16 bits of each lane's bit pattern plus bias (no carry into the
+   sign where v is finite). */
+RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
+{
+    return rms_top_halves(_mm512_add_epi32(_mm512_castps_si512(v), _mm512_set1_epi32(bias)));
+}
+
+/* Whether rms_vf_top16_biased(v, a) and (v, b) agree in every lane: one
+   test of the 32-bit sums, without narrowing both. */
+RMS_ALWAYS_INLINE int rms_vf_top16_agree(rms_vf v, int32_t a, int32_t b)
+{
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i differ = _mm512_xor_si512(_mm512_add_epi32(bits, _mm512_set1_epi32(a)),
+                                            _mm512_add_epi32(bits, _mm512_set1_epi32(b)));
+    return _mm512_test_epi32_mask(differ, _mm512_set1_epi32((int32_t)0xffff0000u)) == 0;
+}
+
+RMS_ALWAYS_INLINE int rms_vh_equal(rms_vh a, rms_vh b)
+{
+    return _mm256_cmpneq_epi16_mask(a, b) == 0;
+}
+
+/* Whether some lane is neither 0 nor a normal float: subnormal, infinite
+   or NaN. */
+RMS_ALWAYS_INLINE int rms_vf_any_abnormal(rms_vf v)
+{
+    enum { abnormal = 0x01 | 0x08 | 0x10 | 0x20 | 0x80 }; /* vfpclass: NaNs, infs, subnormal */
+    return _mm512_fpclass_ps_mask(v, abnormal) != 0;
+}
+
+/* Stores 16 16-bit values; with stream, p is vector-aligned and the store
+   bypasses the cache. */
+RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
+{
+    if (stream) {
+        _mm256_stream_si256((__m256i *)(void *)p, v);
+    }
+    else {
+        _mm256_storeu_si256((__m256i *)(void *)p, v);
+    }
 }
 
 /* Stores 16 floats narrowed to a 32- or 16-bit kind, each rounded once to
@@ -84,14 +144,13 @@ RMS_ALWAYS_INLINE __m256i rms_vf_to_bf16(rms_vf v)
    bypass the cache. */
 RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
 {
-    __m256i narrow;
     switch (kind) {
     case RMS_KIND_F16:
-        narrow = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        break;
+        rms_vh_store(p, rms_vf_to_float16(v), stream);
+        return;
     case RMS_KIND_BF16:
-        narrow = rms_vf_to_bf16(v);
-        break;
+        rms_vh_store(p, rms_vf_to_bf16(v), stream);
+        return;
     default:
         if (stream) {
             _mm512_stream_ps((float *)(void *)p, v);
@@ -100,12 +159,6 @@ RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream
             _mm512_storeu_ps((float *)(void *)p, v);
         }
         return;
-    }
-    if (stream) {
-        _mm256_stream_si256((__m256i *)(void *)p, narrow);
-    }
-    else {
-        _mm256_storeu_si256((__m256i *)(void *)p, narrow);
     }
 }
 
@@ -128,6 +181,32 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_widen(rms_vf v, int part)
     return _mm512_cvtps_pd(half);
 }
 
+/* 16 elements of a 32- or 16-bit kind, widened to double (exact): lanes
+   0-7 in parts[0], 8-15 in parts[1]. Converted from memory, float32 and
+   float16 halves need no shuffle (a float32 row's sum costs half as much);
+   bfloat16 has no such conversion, and one load and rms_vd_widen do best. */
+RMS_ALWAYS_INLINE void rms_vd_load_widened(rms_kind kind, const char *p, rms_vd *parts)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        for (int h = 0; h < 2; h++) {
+            const __m128i half = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * h));
+            parts[h] = _mm512_cvtps_pd(_mm256_cvtph_ps(half));
+        }
+        return;
+    case RMS_KIND_BF16: {
+        const rms_vf floats = rms_vf_load(kind, p);
+        parts[0] = rms_vd_widen(floats, 0);
+        parts[1] = rms_vd_widen(floats, 1);
+        return;
+    }
+    default:
+        parts[0] = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)(const void *)p));
+        parts[1] = _mm512_cvtps_pd(_mm256_loadu_ps((const float *)(const void *)p + 8));
+        return;
+    }
+}
+
 /* parts[0] and parts[1] narrowed to float, rounded to nearest. */
 RMS_ALWAYS_INLINE rms_vf rms_vf_narrow(const rms_vd *parts)
 {
@@ -147,18 +226,6 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_narrow_round_to_odd(const rms_vd *parts)
     __m512i bits = _mm512_castps_si512(
         _mm512_insertf32x8(_mm512_castps256_ps512(low), high, 1));
     __mmask16 inexact = (__mmask16)(low_inexact | ((unsigned)high_inexact << 8));
-    return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, inexact, bits, _mm512_set1_epi32(1)));
-}
-
-/* a * b + c rounded to odd: the truncated result, with the last bit set
-   where it is inexact, which is where rounding down and up disagree. */
-RMS_ALWAYS_INLINE rms_vf rms_vf_fma_round_to_odd(rms_vf a, rms_vf b, rms_vf c)
-{
-    rms_vf truncated = _mm512_fmadd_round_ps(a, b, c, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    rms_vf down = _mm512_fmadd_round_ps(a, b, c, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    rms_vf up = _mm512_fmadd_round_ps(a, b, c, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
-    __mmask16 inexact = _mm512_cmp_ps_mask(down, up, _CMP_NEQ_OQ);
-    __m512i bits = _mm512_castps_si512(truncated);
     return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, inexact, bits, _mm512_set1_epi32(1)));
 }
 

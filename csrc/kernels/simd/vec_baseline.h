@@ -10,18 +10,28 @@
  *   RMS_VECTOR_BYTES            the alignment that full stores like
  *   RMS_HAVE_FMA                1 where a * b + c can be fused in one rounding
  *   RMS_HAVE_STREAM             1 where stores can bypass the cache
- *   rms_vf, rms_vd              the vector types
+ *   rms_vf, rms_vd, rms_vh      the vector types (rms_vh: RMS_VF_WIDTH 16-bit
+ *                               patterns, float16 or bfloat16)
  *   rms_vf_load(kind, p)        RMS_VF_WIDTH elements widened to float (exact)
  *   rms_vf_store(kind, p, v, stream)    narrowed, each rounded once to nearest
  *   rms_vd_load(p), rms_vd_store(p, v, stream)    doubles
  *   rms_vd_widen(v, part)       floats to doubles, part of RMS_VF_WIDTH / RMS_VD_WIDTH
+ *   rms_vd_load_widened(kind, p, parts) RMS_VF_WIDTH elements of a 32- or 16-bit
+ *                               kind as doubles (exact), in parts as rms_vd_widen
+ *                               gives them
  *   rms_vf_narrow(parts)        doubles to floats, to nearest
  *   rms_vf_narrow_round_to_odd(parts)   doubles to floats, to odd
- *   rms_vf_fma_round_to_odd(a, b, c)    a * b + c to odd (needs RMS_HAVE_FMA)
  *   rms_vd_round_to_odd(hi, err)        hi + err to odd
  *   set, add, sub, mul, fma (float), muladd (double: fused where it can be),
  *   product_error(a, b, p) (a * b - p, exact), zero_where_inf(value, w)
  *   rms_stream_fence()          orders streamed stores before later reads
+ *   rms_vf_to_float16(v)        floats to float16 bits, to nearest even
+ *   rms_vf_top16_biased(v, bias)        the top 16 bits of each float's
+ *                               pattern plus bias: bfloat16 bits rounded half
+ *                               up (0x8000) or down (0x7fff), or off by ulps
+ *   rms_vf_top16_agree(v, a, b)         whether those agree for biases a and b
+ *   rms_vh_equal(a, b), rms_vh_store(p, v, stream)
+ *   rms_vf_any_abnormal(v)      whether some lane is subnormal, infinite or NaN
  *
  * Rounding to odd is what lets a value be rounded twice, first to float and
  * then to 16 bits, as if once: the float keeps, in its last bit, whether
@@ -48,6 +58,7 @@
 
 typedef float rms_vf;
 typedef double rms_vd;
+typedef uint16_t rms_vh;
 
 RMS_ALWAYS_INLINE rms_vf rms_vf_set(float v) { return v; }
 RMS_ALWAYS_INLINE rms_vf rms_vf_add(rms_vf a, rms_vf b) { return a + b; }
@@ -116,18 +127,37 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
     }
 }
 
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_float16(rms_vf v) { return rms_float_to_half(v); }
+
+RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
+{
+    return (uint16_t)((rms_float_bits(v) + (uint32_t)bias) >> 16);
+}
+
+RMS_ALWAYS_INLINE int rms_vf_top16_agree(rms_vf v, int32_t a, int32_t b)
+{
+    return rms_vf_top16_biased(v, a) == rms_vf_top16_biased(v, b);
+}
+
+RMS_ALWAYS_INLINE int rms_vh_equal(rms_vh a, rms_vh b) { return a == b; }
+
+RMS_ALWAYS_INLINE int rms_vf_any_abnormal(rms_vf v) { return v != 0.0f && !isnormal(v); }
+
+RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
+{
+    (void)stream;
+    memcpy(p, &v, sizeof v);
+}
+
 RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
 {
-    uint16_t bits;
     (void)stream;
     switch (kind) {
     case RMS_KIND_F16:
-        bits = rms_float_to_half(v);
-        memcpy(p, &bits, sizeof bits);
+        rms_vh_store(p, rms_float_to_half(v), 0);
         return;
     case RMS_KIND_BF16:
-        bits = rms_float_to_bfloat16(v);
-        memcpy(p, &bits, sizeof bits);
+        rms_vh_store(p, rms_float_to_bfloat16(v), 0);
         return;
     default:
         memcpy(p, &v, sizeof v);
@@ -148,6 +178,11 @@ RMS_ALWAYS_INLINE void rms_vd_store(char *p, rms_vd v, int stream)
     memcpy(p, &v, sizeof v);
 }
 
+RMS_ALWAYS_INLINE void rms_vd_load_widened(rms_kind kind, const char *p, rms_vd *parts)
+{
+    parts[0] = rms_vf_load(kind, p);
+}
+
 RMS_ALWAYS_INLINE rms_vd rms_vd_widen(rms_vf v, int part)
 {
     (void)part;
@@ -164,17 +199,6 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_narrow_round_to_odd(const rms_vd *parts)
 RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
 {
     return rms_double_round_to_odd(hi, err);
-}
-
-RMS_ALWAYS_INLINE rms_vf rms_vf_fma_round_to_odd(rms_vf a, rms_vf b, rms_vf c)
-{
-    /* never called (no RMS_HAVE_FMA); exact through double, as a fallback */
-    double p = (double)a * (double)b; /* exact */
-    double s = p + (double)c;
-    double err = (p - (s - (s - p))) + ((double)c - (s - p));
-    double odd = rms_double_round_to_odd(s, err);
-    rms_vd parts[1] = {odd};
-    return rms_vf_narrow_round_to_odd(parts);
 }
 
 RMS_ALWAYS_INLINE void rms_stream_fence(void) {}
