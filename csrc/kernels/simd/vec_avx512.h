@@ -123,8 +123,9 @@ RMS_ALWAYS_INLINE int rms_vh_equal(rms_vh a, rms_vh b)
    or NaN. */
 RMS_ALWAYS_INLINE int rms_vf_any_abnormal(rms_vf v)
 {
-    enum { abnormal = 0x01 | 0x08 | 0x10 | 0x20 | 0x80 }; /* vfpclass: NaNs, infs, subnormal */
-    return _mm512_fpclass_ps_mask(v, abnormal) != 0;
+    /* vfpclass categories: 0x01 quiet NaN, 0x08 +inf, 0x10 -inf, 0x20
+       subnormal, 0x80 signalling NaN */
+    return _mm512_fpclass_ps_mask(v, 0x01 | 0x08 | 0x10 | 0x20 | 0x80) != 0;
 }
 
 /* Stores 16 16-bit values; with stream, p is vector-aligned and the store
