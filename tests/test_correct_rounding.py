@@ -8,8 +8,9 @@ The cases are built to sit on ties and just off them, on purpose. A row
 ``c * [3, 3, 1, 1, 0]`` has mean(x**2) = 4 c**2, so with eps = 0 its
 inv_rms is exactly 1 / (2 c) and ``y = 1.5 w`` where x = 3c: an exact tie
 of the output dtype whenever w's last bit is 1. A tiny eps > 0 moves every
-such y just below its tie in magnitude, and eps < 0 just above it, by far
-less than a float's rounding step. Random rows of normal data add the
+such y just below its tie in magnitude, and eps < 0 just above it, from
+far more than a float's rounding step to far less. The 16-bit dtypes are
+also checked with a float32 weight. Random rows of normal data add the
 ordinary case. The reference is computed in long double (64-bit mantissa)
 and rounded here, by comparing the neighbours of its value; where long
 double cannot tell two neighbours apart (the float64 cases built on ties
@@ -30,17 +31,30 @@ from rmsnorm._dtypes import BF16, ml_dtypes
 
 ISAS = rmsnorm._core._isa()[1]
 LD = np.longdouble
-DTYPES = [np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)]
+# (x dtype, weight dtype): each dtype with its own weight, and the 16-bit
+# ones with a float32 weight, whose product with x is no longer exact in float.
+PAIRS = [("float16", "float16"), ("float16", "float32"), ("float32", "float32"),
+         ("float64", "float64")]
 if BF16 is not None:
-    DTYPES.insert(1, BF16)
+    PAIRS[2:2] = [("bfloat16", "bfloat16"), ("bfloat16", "float32")]
 
 # Scales c of the constructed rows (powers of two, so c * x stays exact)
 # and eps as a fraction of mean(x**2) = 4 c**2.
-SCALES = {"float16": (-8, 0, 8), "bfloat16": (-60, 0, 60), "float32": (-60, 0, 60),
+# The smallest scales keep eps * 4 c**2 a normal float32. The fractions
+# put y from 2^-19 to 2^-35 (relative) off its tie: through the width of
+# the 16-bit kernels' check for being far from a rounding boundary.
+SCALES = {"float16": (-8, 0, 8), "bfloat16": (-40, 0, 60), "float32": (-40, 0, 60),
           "float64": (-500, 0, 500)}
-EPS_FRACTIONS = (0.0, 2.0**-34, -(2.0**-34))
+EPS_FRACTIONS = (0.0, 2.0**-18, -(2.0**-18), 2.0**-23, -(2.0**-23), 2.0**-34, -(2.0**-34))
 RANDOM_ELEMENTS = 2 * 1024 * 1024
+# Constructed rows are 41 copies of [3, 3, 1, 1, 0] * c: whole vector
+# blocks, a partial one, and a row that is not a multiple of the lanes.
+ROW = 5 * 41
 BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _dtype(name):
+    return BF16 if name == "bfloat16" else np.dtype(name)
 
 
 def _finfo(dtype):
@@ -69,21 +83,23 @@ def _odd_weights(dtype, count, rng):
         magnitude = rng.uniform(1.0, 2.0, count) * np.exp2(rng.integers(-60, 61, count))
         values = (magnitude * rng.choice([-1.0, 1.0], count)).astype(dtype)
     values = (values.view(bits) | bits(1)).view(dtype)
-    return values[: len(values) // 5 * 5]
+    return values[: len(values) // ROW * ROW]
 
 
 @functools.cache
-def _problems(dtype_name):
+def _problems(dtype_name, weight_name):
     """(x, weight, eps per row, constructed, exact in long double) for the
     constructed and the random rows. With eps = 0 the constructed rows'
     long double values are exact (mean and square root included)."""
-    dtype = np.dtype(BF16 if dtype_name == "bfloat16" else dtype_name)
+    dtype = _dtype(dtype_name)
     rng = np.random.default_rng(2026)
     problems = []
-    weights = _odd_weights(dtype, 200_000, rng).reshape(-1, 5)
+    # odd in x's dtype: 1.5 w is a tie of x's dtype, whatever w's dtype
+    weights = _odd_weights(dtype, 200_000, rng).reshape(-1, ROW).astype(_dtype(weight_name))
     for exponent in SCALES[dtype_name]:
         c = 2.0**exponent
-        x = np.tile(np.array([3, 3, 1, 1, 0], np.float64) * c, (len(weights), 1)).astype(dtype)
+        row = np.tile(np.array([3, 3, 1, 1, 0], np.float64) * c, ROW // 5)
+        x = np.tile(row, (len(weights), 1)).astype(dtype)
         for fraction in EPS_FRACTIONS:
             eps = np.full(len(weights), fraction * 4 * c * c, _eps_dtype(dtype))
             problems.append((x, weights, eps, True, fraction == 0.0))
@@ -91,7 +107,7 @@ def _problems(dtype_name):
     n = 256 if dtype == np.float64 else 4096
     rows = (RANDOM_ELEMENTS // 32 if dtype == np.float64 else RANDOM_ELEMENTS) // n
     x = rng.standard_normal((rows, n)).astype(dtype)
-    w = rng.uniform(0.5, 2.0, n).astype(dtype)
+    w = rng.uniform(0.5, 2.0, n).astype(_dtype(weight_name))
     problems.append((x, np.broadcast_to(w, x.shape), np.full(len(x), 1e-6, _eps_dtype(dtype)),
                      False, False))
     return problems
@@ -165,10 +181,10 @@ def _nearer_exactly(s, x, w, a, b):
 
 
 @functools.cache
-def _expected(dtype_name):
-    dtype = np.dtype(BF16 if dtype_name == "bfloat16" else dtype_name)
+def _expected(dtype_name, weight_name):
+    dtype = _dtype(dtype_name)
     expected = []
-    for x, w, eps, _, exact_ld in _problems(dtype_name):
+    for x, w, eps, _, exact_ld in _problems(dtype_name, weight_name):
         x_ld, w_ld = x.astype(LD), w.astype(LD)
         mean = np.mean(x_ld * x_ld, axis=1, keepdims=True) + eps.astype(LD)[:, None]
         w = np.broadcast_to(w, x.shape)
@@ -184,14 +200,15 @@ def restore_isa():
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
-def test_forward_is_the_exact_result_rounded_once(dtype, isa, restore_isa):
+@pytest.mark.parametrize(("dtype", "weight"), PAIRS, ids=[f"{x}-{w}" for x, w in PAIRS])
+def test_forward_is_the_exact_result_rounded_once(dtype, weight, isa, restore_isa):
     rmsnorm._core._set_isa(isa)
     checked = ties = 0
-    for (x, w, eps, constructed, _), expected in zip(_problems(dtype.name),
-                                                     _expected(dtype.name)):
+    for (x, w, eps, constructed, _), expected in zip(_problems(dtype, weight),
+                                                     _expected(dtype, weight)):
         y = rmsnorm.forward(x, w, eps)
-        bits = BITS[dtype.itemsize]
+        assert y.dtype == _dtype(dtype)
+        bits = BITS[y.dtype.itemsize]
         wrong = y.view(bits) != expected.view(bits)
         if np.any(wrong):
             i = tuple(np.argwhere(wrong)[0])
@@ -201,6 +218,6 @@ def test_forward_is_the_exact_result_rounded_once(dtype, isa, restore_isa):
                 f"w {float(w[i])!r}, eps {float(eps[i[0]])!r}: got {float(y[i])!r}, "
                 f"expected {float(expected[i])!r}")
         checked += y.size
-        ties += 2 * len(x) if constructed else 0  # columns 0 and 1: y = 1.5 w near a tie
+        ties += x.size * 2 // 5 if constructed else 0  # where x = 3c: y = 1.5 w near a tie
     # The test can fail only if it met the ties it is about, and many outputs.
     assert ties > 50_000 and checked > 1_000_000
