@@ -472,29 +472,48 @@ RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, rms_d
 }
 
 /*
- * y = x * inv_rms * weight for one block, rounded once.
+ * y = x * inv_rms * weight for one block of float32, rounded once; returns 0,
+ * having written nothing, where it cannot be sure of that, and the caller
+ * writes the block in double.
  *
- * inv_rms comes as hi + lo, and the product is formed with its rounding
- * errors, so the only rounding of note is the final one. For float32,
- * converting every element to double and back costs more than the
+ * Converting every element to double and back costs more than the
  * arithmetic, so where fused multiply-adds exist the block is worked in
- * float, with inv_rms split into two floats (rms_forward_row says where):
- * u = x * inv_rms as u_hi + u_lo, then u_hi * w + u_lo * w in one fused
- * rounding. (16-bit x has a cheaper way, rms_forward_block_fast16.)
+ * float, with inv_rms split into two floats hi + lo (rms_forward_row says
+ * for which rows): u = x * inv_rms as u_hi + u_lo, and S = u_hi * w + u_lo *
+ * w with one rounding. S is not exact: lo, u_lo and u_lo * w are each
+ * rounded once in float, which puts S within 3 * 2^-48 |y| of the exact y,
+ * plus 2^-149 (1 + |w|) where a term is subnormal. So S - e and S + e, with
+ * e = 2^-44 |u_hi w| + 2^-126 (1 + |w|), bracket y, and rounding to nearest
+ * is monotone: where both round to the same float, so does y, and that
+ * float is written. They differ within e of a midpoint (about 1 lane in
+ * 2^19 of ordinary data, every lane of results below about 2^-100), and
+ * where a lane is infinite or NaN (an infinite weight, an overflow).
+ *
+ * Where x or w is 0, e is 0 and S - e keeps the zero's sign: written
+ * below, y = 0 carries sign(x) * sign(w), as x * inv_rms * w does in torch.
  */
-RMS_ALWAYS_INLINE void rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
-                                               ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
-                                               ptrdiff_t ys, ptrdiff_t count,
-                                               const rms_inv_forms *inv, int stream)
+RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
+                                              ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
+                                              ptrdiff_t ys, ptrdiff_t count,
+                                              const rms_inv_forms *inv, int stream)
 {
     const rms_vf xv = rms_load_floats(xk, x, xs, count);
     const rms_vf wv = rms_load_floats(wk, w, ws, count);
     const rms_vf u_hi = rms_vf_mul(xv, inv->hi);
     const rms_vf u_lo = rms_vf_fma(xv, inv->lo, rms_vf_product_error(xv, inv->hi, u_hi));
-    /* An infinite w: y is +-inf, as in torch; u_lo * w (0 * inf, or an inf
-       of the other sign) must not make it NaN. */
-    const rms_vf low = rms_vf_zero_where_inf(rms_vf_mul(u_lo, wv), wv);
-    rms_store_floats(xk, y, ys, count, rms_vf_fma(u_hi, wv, low), stream);
+    const rms_vf low = rms_vf_mul(u_lo, wv);
+    const rms_vf subnormal_error = rms_vf_where_both_nonzero(
+        rms_vf_fma(rms_vf_abs(wv), rms_vf_set(0x1p-126f), rms_vf_set(0x1p-126f)), xv, wv);
+    const rms_vf e = rms_vf_fma(rms_vf_abs(rms_vf_mul(u_hi, wv)), rms_vf_set(0x1p-44f),
+                                subnormal_error);
+    /* -(e - low), not low - e: -0 where both are 0 */
+    const rms_vf below = rms_vf_fma(u_hi, wv, rms_vf_sub(rms_vf_set(-0.0f), rms_vf_sub(e, low)));
+    const rms_vf above = rms_vf_fma(u_hi, wv, rms_vf_add(low, e));
+    if (!rms_vf_equal(below, above)) {
+        return 0;
+    }
+    rms_store_floats(xk, y, ys, count, below, stream);
+    return 1;
 }
 
 /* The same in double, for every type: exact products where x and w are
@@ -668,12 +687,11 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mod
         rms_forward_block_fast16(xk, wk, x, xs, w_floats + at, y, ys, count, inv, stream)) {
         return;
     }
-    if (mode == RMS_WRITE_FLOAT) {
-        rms_forward_block_float(xk, wk, x, xs, w, ws, y, ys, count, inv, stream);
+    if (mode == RMS_WRITE_FLOAT &&
+        rms_forward_block_float(xk, wk, x, xs, w, ws, y, ys, count, inv, stream)) {
+        return;
     }
-    else {
-        rms_forward_block_double(xk, wk, x, xs, w, ws, y, ys, count, inv->dd, stream);
-    }
+    rms_forward_block_double(xk, wk, x, xs, w, ws, y, ys, count, inv->dd, stream);
 }
 
 /* The write loop of rms_forward_write. reduce, a constant at each call,

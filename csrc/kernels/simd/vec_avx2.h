@@ -51,6 +51,21 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_zero_where_inf(rms_vf value, rms_vf w)
     return _mm256_andnot_ps(infinite, value);
 }
 
+RMS_ALWAYS_INLINE rms_vf rms_vf_abs(rms_vf v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_where_both_nonzero(rms_vf value, rms_vf a, rms_vf b)
+{
+    const rms_vf zero = _mm256_setzero_ps();
+    const rms_vf nonzero = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_NEQ_UQ),
+                                         _mm256_cmp_ps(b, zero, _CMP_NEQ_UQ));
+    return _mm256_and_ps(nonzero, value);
+}
+
+RMS_ALWAYS_INLINE int rms_vf_equal(rms_vf a, rms_vf b)
+{
+    return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)) == 0xff;
+}
+
 RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
 {
     const rms_vd magnitude = _mm256_andnot_pd(_mm256_set1_pd(-0.0), w);

@@ -49,6 +49,21 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_zero_where_inf(rms_vf value, rms_vf w)
     return _mm512_maskz_mov_ps(~_mm512_fpclass_ps_mask(w, 0x08 | 0x10), value);
 }
 
+RMS_ALWAYS_INLINE rms_vf rms_vf_abs(rms_vf v) { return _mm512_abs_ps(v); }
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_where_both_nonzero(rms_vf value, rms_vf a, rms_vf b)
+{
+    const rms_vf zero = _mm512_setzero_ps();
+    const __mmask16 nonzero = _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(a, zero, _CMP_NEQ_UQ), b,
+                                                      zero, _CMP_NEQ_UQ);
+    return _mm512_maskz_mov_ps(nonzero, value);
+}
+
+RMS_ALWAYS_INLINE int rms_vf_equal(rms_vf a, rms_vf b)
+{
+    return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ) == 0xffff;
+}
+
 RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
 {
     return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, 0x08 | 0x10), value);

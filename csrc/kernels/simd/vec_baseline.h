@@ -24,6 +24,11 @@
  *   rms_vd_round_to_odd(hi, err)        hi + err to odd
  *   set, add, sub, mul, fma (float), muladd (double: fused where it can be),
  *   product_error(a, b, p) (a * b - p, exact), zero_where_inf(value, w)
+ *   rms_vf_abs(v)
+ *   rms_vf_where_both_nonzero(value, a, b)  value where a and b are both
+ *                               nonzero, else 0
+ *   rms_vf_equal(a, b)          whether every lane of a equals b's (a NaN
+ *                               equals nothing)
  *   rms_stream_fence()          orders streamed stores before later reads
  *   rms_vf_to_float16(v)        floats to float16 bits, to nearest even
  *   rms_vf_top16_biased(v, bias)        the top 16 bits of each float's
@@ -108,6 +113,15 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
 {
     return isinf(w) ? 0.0 : value;
 }
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_abs(rms_vf v) { return fabsf(v); }
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_where_both_nonzero(rms_vf value, rms_vf a, rms_vf b)
+{
+    return a != 0.0f && b != 0.0f ? value : 0.0f;
+}
+
+RMS_ALWAYS_INLINE int rms_vf_equal(rms_vf a, rms_vf b) { return a == b; }
 
 RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
 {
