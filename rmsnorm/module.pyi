@@ -1,9 +1,10 @@
 """Types of rmsnorm.module (the implementation is module.py)."""
 
-from typing import Any, Mapping, overload
+from typing import Any, Iterator, Mapping, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
+from typing_extensions import Self
 
 from .functional import _Eps, _Float, _ShapeLike
 
@@ -11,8 +12,10 @@ class RMSNorm:
     normalized_shape: tuple[int, ...]
     eps: _Eps
     elementwise_affine: bool
-    weight: NDArray[np.floating[Any]] | None
     weight_grad: NDArray[np.floating[Any]] | None
+    # Whether backward accumulates weight_grad (set by requires_grad_).
+    weight_requires_grad: bool
+    training: bool
     def __init__(
         self,
         normalized_shape: _ShapeLike,
@@ -21,6 +24,10 @@ class RMSNorm:
         *,
         dtype: DTypeLike | None = None,
     ) -> None: ...
+    @property
+    def weight(self) -> NDArray[np.floating[Any]] | None: ...
+    @weight.setter
+    def weight(self, value: NDArray[np.floating[Any]] | None) -> None: ...
     def reset_parameters(self) -> None: ...
     @overload
     def forward(self, x: NDArray[_Float]) -> NDArray[_Float]: ...
@@ -33,6 +40,13 @@ class RMSNorm:
     # The input's gradient has the dtype of the last forward's input; for an
     # ndarray input it is an ndarray.
     def backward(self, grad_output: ArrayLike) -> NDArray[np.floating[Any]]: ...
+    def parameters(self, recurse: bool = True) -> Iterator[NDArray[np.floating[Any]]]: ...
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True
+    ) -> Iterator[tuple[str, NDArray[np.floating[Any]]]]: ...
+    def requires_grad_(self, requires_grad: bool = True) -> Self: ...
+    def train(self, mode: bool = True) -> Self: ...
+    def eval(self) -> Self: ...
     def zero_grad(self) -> None: ...
     def state_dict(self) -> dict[str, NDArray[np.floating[Any]]]: ...
     def load_state_dict(self, state_dict: Mapping[str, ArrayLike], strict: bool = True) -> None: ...

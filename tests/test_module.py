@@ -288,3 +288,261 @@ def test_load_state_dict_copies_the_weight():
     ours.load_state_dict({"weight": source})
     source[0] = 99.0
     assert ours.weight[0] == 1.0
+
+
+# ---------------------------------------------------------------------------
+# torch.nn.Module's surface without autograd, side by side with torch:
+# parameters, requires_grad_, train/eval and the checked weight.
+# ---------------------------------------------------------------------------
+
+
+def _step_both(ours, theirs, seed, shape=(4, 6)):
+    """One forward and backward of each module on the same random batch."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if ours.weight is None else ours.weight.dtype
+    x = rng.standard_normal(shape).astype(dtype)
+    grad_output = rng.standard_normal(shape).astype(dtype)
+    ours(x)
+    return ours.backward(grad_output), _torch_step(theirs, x, grad_output)
+
+
+def _raised(call):
+    """The exception ``call()`` raises (the test fails if it raises none)."""
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+@pytest.mark.parametrize("prefix", ["", "norm", "model.layers.0"])
+def test_named_parameters_have_torchs_names_and_values(affine, prefix):
+    ours, theirs = _torch_module_pair((2, 3), np.float32, affine=affine)
+    named = list(ours.named_parameters(prefix=prefix))
+    named_torch = list(theirs.named_parameters(prefix=prefix))
+    assert [name for name, _ in named] == [name for name, _ in named_torch]
+    for (_, value), (_, value_torch) in zip(named, named_torch):
+        assert value is ours.weight
+        assert np.array_equal(value, value_torch.detach().numpy())
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_parameters_are_the_weight_like_torch(affine):
+    ours, theirs = _torch_module_pair(5, np.float32, affine=affine)
+    parameters = list(ours.parameters())
+    assert len(parameters) == len(list(theirs.parameters()))
+    assert all(parameter is ours.weight for parameter in parameters)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_state_dict_keys_are_the_parameter_names_like_torch(affine):
+    ours, theirs = _torch_module_pair(5, np.float32, affine=affine)
+    assert list(ours.state_dict()) == [name for name, _ in ours.named_parameters()]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_requires_grad_sets_the_flag_and_returns_the_module_like_torch(requires_grad):
+    ours, theirs = _torch_module_pair(4, np.float32)
+    assert ours.weight_requires_grad is theirs.weight.requires_grad is True
+    assert ours.requires_grad_(requires_grad) is ours
+    assert theirs.requires_grad_(requires_grad) is theirs
+    assert ours.weight_requires_grad is theirs.weight.requires_grad is requires_grad
+    assert ours.requires_grad_() is ours and ours.weight_requires_grad is True
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_without_requires_grad_backward_accumulates_no_weight_grad_like_torch(dtype):
+    ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
+    ours.requires_grad_(False)
+    theirs.requires_grad_(False)
+    grad_input, grad_input_torch = _step_both(ours, theirs, seed=10)
+    assert ours.weight_grad is None and theirs.weight.grad is None
+    assert_grad_close(grad_input, grad_input_torch, what="grad_input without requires_grad")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_requires_grad_off_keeps_the_gradient_so_far_and_on_again_adds_to_it_like_torch(dtype):
+    ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
+    _step_both(ours, theirs, seed=11)
+    first = ours.weight_grad.copy()
+    ours.requires_grad_(False)
+    theirs.requires_grad_(False)
+    _step_both(ours, theirs, seed=12)
+    assert np.array_equal(ours.weight_grad, first)
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="kept weight_grad")
+    ours.requires_grad_(True)
+    theirs.requires_grad_(True)
+    _step_both(ours, theirs, seed=13)
+    assert not np.array_equal(ours.weight_grad, first)
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="weight_grad again")
+
+
+@pytest.mark.parametrize("requires_grad", [1, 0, None, "yes"], ids=repr)
+def test_requires_grad_rejects_a_non_bool_like_torch(requires_grad):
+    ours, theirs = _torch_module_pair(4, np.float32)
+    error = _raised(lambda: ours.requires_grad_(requires_grad))
+    error_torch = _raised(lambda: theirs.requires_grad_(requires_grad))
+    assert type(error) is type(error_torch) is TypeError
+    assert str(error) == str(error_torch)
+    assert ours.weight_requires_grad is True
+
+
+TRAIN_EVAL_SEQUENCES = {
+    "eval": [("eval",)],
+    "train": [("train",)],
+    "train(False)": [("train", False)],
+    "eval-train": [("eval",), ("train",)],
+    "train(False)-train(True)": [("train", False), ("train", True)],
+    "eval-eval-train(True)-train(False)": [("eval",), ("eval",), ("train", True),
+                                           ("train", False)],
+}
+
+
+@pytest.mark.parametrize("sequence", TRAIN_EVAL_SEQUENCES.values(), ids=TRAIN_EVAL_SEQUENCES)
+def test_training_flag_follows_torchs_through_train_and_eval(sequence):
+    ours, theirs = rmsnorm.RMSNorm(3), torch.nn.RMSNorm(3)
+    assert ours.training is theirs.training is True
+    for method, *args in sequence:
+        assert getattr(ours, method)(*args) is ours
+        getattr(theirs, method)(*args)
+        assert ours.training is theirs.training, f"after {method}{tuple(args)}"
+
+
+@pytest.mark.parametrize("mode", [1, 0, None, "yes", 1.0, np.True_], ids=repr)
+def test_train_rejects_a_non_bool_mode_like_torch(mode):
+    ours, theirs = rmsnorm.RMSNorm(3), torch.nn.RMSNorm(3)
+    error = _raised(lambda: ours.train(mode))
+    error_torch = _raised(lambda: theirs.train(mode))
+    assert type(error) is type(error_torch) is ValueError
+    assert str(error) == str(error_torch) == "training mode is expected to be boolean"
+    assert ours.training is True
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_eval_mode_computes_what_training_mode_does_like_torch(dtype):
+    ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
+    x = np.random.default_rng(14).standard_normal((3, 6)).astype(dtype)
+    training = ours(x)
+    assert np.array_equal(ours.eval()(x), training)
+    assert_forward_close(training, theirs.eval()(torch.from_numpy(x)).detach().numpy(),
+                         what="output in eval mode")
+
+
+NOT_ARRAYS = {
+    "list": [1.0, 2.0, 3.0],
+    "tuple": (1.0, 2.0, 3.0),
+    "str": "abc",
+    "int": 3,
+    "float": 1.5,
+    "dict": {"weight": 1.0},
+}
+
+
+@pytest.mark.parametrize("value", NOT_ARRAYS.values(), ids=NOT_ARRAYS)
+def test_assigning_a_weight_that_is_not_an_array_is_torchs_type_error(value):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    before = ours.weight
+    error = _raised(lambda: setattr(ours, "weight", value))
+    error_torch = _raised(lambda: setattr(theirs, "weight", value))
+    assert type(error) is type(error_torch) is TypeError
+    # torch expects a Parameter where we expect an ndarray; the rest is the same.
+    assert str(error).split(" (")[0] == str(error_torch).split(" (")[0]
+    assert str(error).startswith(f"cannot assign '{type(value).__name__}' as parameter 'weight'")
+    assert "numpy.ndarray or None expected" in str(error)
+    assert ours.weight is before
+
+
+def test_assigning_a_torch_tensor_names_its_type():
+    with pytest.raises(TypeError, match=r"cannot assign 'torch\.Tensor' as parameter 'weight'"):
+        rmsnorm.RMSNorm(3).weight = torch.ones(3)
+
+
+@pytest.mark.parametrize("shape", [(4,), (1, 3), (3, 1), ()], ids=str)
+def test_assigning_a_weight_of_another_shape_is_a_value_error_in_torchs_words(shape):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    before = ours.weight.copy()
+    error = _raised(lambda: setattr(ours, "weight", np.ones(shape, np.float32)))
+    # torch takes the parameter and fails in the forward, with the same text.
+    theirs.weight = torch.nn.Parameter(torch.ones(shape))
+    error_torch = _raised(lambda: theirs(torch.ones(2, 3)))
+    assert type(error) is ValueError and type(error_torch) is RuntimeError
+    assert str(error) == str(error_torch)
+    assert np.array_equal(ours.weight, before)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_], ids=dtype_id)
+def test_assigning_a_weight_of_a_non_floating_dtype_is_rejected_like_torch(dtype):
+    ours = rmsnorm.RMSNorm(3)
+    with pytest.raises(TypeError, match=np.dtype(dtype).name):
+        ours.weight = np.ones(3, dtype)
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.nn.Parameter(torch.ones(3, dtype=getattr(torch, np.dtype(dtype).name)))
+    assert ours.weight.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.longdouble, object], ids=dtype_id)
+def test_assigning_a_weight_of_a_dtype_rmsnorm_does_not_compute_with_is_a_type_error(dtype):
+    with pytest.raises(TypeError, match=np.dtype(dtype).name):
+        rmsnorm.RMSNorm(3).weight = np.ones(3, dtype)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_assigning_none_removes_the_weight_like_torch(affine):
+    ours, theirs = _torch_module_pair(4, np.float32, affine=affine)
+    _step_both(ours, theirs, seed=19, shape=(2, 4))
+    ours.weight = None
+    theirs.weight = None
+    assert ours.weight is None and theirs.weight is None
+    assert list(ours.named_parameters()) == list(theirs.named_parameters()) == []
+    assert dict(ours.state_dict()) == dict(theirs.state_dict()) == {}
+    x = np.random.default_rng(20).standard_normal((2, 4)).astype(np.float32)
+    assert_forward_close(ours(x), theirs(torch.from_numpy(x)).detach().numpy(),
+                         what="output without weight")
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=dtype_id)
+def test_an_assigned_weight_is_used_and_differentiated_like_torch(affine, dtype):
+    ours, theirs = _torch_module_pair(6, np.float32, eps=1e-5, affine=affine)
+    weight = np.random.default_rng(21).standard_normal(6).astype(dtype)
+    ours.weight = weight
+    theirs.weight = torch.nn.Parameter(torch.from_numpy(weight.copy()))
+    assert ours.weight.dtype == dtype
+    assert [name for name, _ in ours.named_parameters()] == ["weight"]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    grad_input, grad_input_torch = _step_both(ours, theirs, seed=22)
+    assert_grad_close(grad_input, grad_input_torch, what="grad_input with an assigned weight")
+    assert ours.weight_grad.dtype == theirs.weight.grad.numpy().dtype == dtype
+    assert_close_ulp(ours.weight_grad.astype(np.float64), theirs.weight.grad.double().numpy(),
+                     rtol=1e-2 if dtype == np.float16 else 1e-5, atol=1e-2,
+                     what="weight_grad of an assigned weight")
+
+
+def test_assigning_a_weight_starts_a_new_gradient_like_torch():
+    ours, theirs = _torch_module_pair(3, np.float32)
+    _step_both(ours, theirs, seed=23, shape=(2, 3))
+    ours.weight = np.full(3, 2.0, np.float32)
+    theirs.weight = torch.nn.Parameter(torch.full((3,), 2.0))
+    assert ours.weight_grad is None and theirs.weight.grad is None
+
+
+def test_an_assigned_weight_is_a_copy_the_module_never_writes_through():
+    caller = np.array([0.5, -1.0, 2.0], np.float32)
+    caller.flags.writeable = False  # any write through the module would raise
+    ours = rmsnorm.RMSNorm(3)
+    ours.weight = caller
+    assert ours.weight is not caller and not np.shares_memory(ours.weight, caller)
+    assert np.array_equal(ours.weight, caller)
+    ours.reset_parameters()
+    ours.load_state_dict({"weight": np.full(3, 4.0)})
+    ours.weight -= 1
+    assert np.array_equal(caller, [0.5, -1.0, 2.0])
+    assert np.array_equal(ours.weight, [3.0, 3.0, 3.0])
+
+
+def test_an_assigned_weight_in_another_byte_order_is_stored_in_native_order():
+    caller = np.array([0.5, -1.0, 2.0], np.dtype(np.float32).newbyteorder())
+    ours = rmsnorm.RMSNorm(3)
+    ours.weight = caller
+    assert ours.weight.dtype == np.float32 and ours.weight.dtype.isnative
+    assert np.array_equal(ours.weight, caller)
