@@ -39,13 +39,14 @@ class RMSNorm:
 
     The input is kept by reference for ``backward``, as torch saves it:
     changing it in place between the two calls changes the gradient.
-    ``backward`` uses the weight as it is then: a weight assigned since
-    the forward is the one it uses.
+    ``backward`` uses the weight as it is then: a weight assigned or
+    converted (``to``) since the forward is the one it uses.
 
     Of ``torch.nn.Module`` it has what makes sense without autograd or
     devices: ``parameters``/``named_parameters``, ``requires_grad_`` (kept in
     ``weight_requires_grad``), ``train``/``eval`` (the ``training`` flag;
-    RMSNorm computes the same in both), ``zero_grad`` and
+    RMSNorm computes the same in both), ``to(dtype)`` and
+    ``half``/``float``/``double``/``bfloat16``, ``zero_grad`` and
     ``state_dict``/``load_state_dict``.
 
     >>> import numpy as np, rmsnorm
@@ -177,9 +178,47 @@ class RMSNorm:
         """``train(False)``: returns the module."""
         return self.train(False)
 
-    def zero_grad(self) -> None:
-        """Forgets the accumulated weight gradient (torch's set_to_none)."""
-        self.weight_grad = None
+    def to(self, dtype):
+        """Converts the weight and ``weight_grad`` to ``dtype`` in place; returns the module.
+
+        ``dtype`` is anything ``np.dtype`` takes, or ``"bfloat16"``, and
+        must be one RMSNorm computes with (TypeError otherwise; ImportError
+        for bfloat16 without ml_dtypes). The weight becomes a new array
+        unless it has the dtype already. The input saved by forward keeps
+        its dtype, as torch's graph does: a backward after ``to`` returns
+        the input's gradient in the input's dtype, computed with the
+        converted weight. torch's devices and other arguments have no
+        counterpart here.
+        """
+        dtype = _weight_dtype(dtype)
+        if self._weight is not None:
+            self._weight = self._weight.astype(dtype, copy=False)
+        if self.weight_grad is not None:
+            self.weight_grad = self.weight_grad.astype(dtype, copy=False)
+        return self
+
+    def half(self):
+        """``to(numpy.float16)``: returns the module."""
+        return self.to(np.float16)
+
+    def float(self):
+        """``to(numpy.float32)``: returns the module."""
+        return self.to(np.float32)
+
+    def double(self):
+        """``to(numpy.float64)``: returns the module."""
+        return self.to(np.float64)
+
+    def bfloat16(self):
+        """``to("bfloat16")``, which needs ml_dtypes: returns the module."""
+        return self.to("bfloat16")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Sets ``weight_grad`` to None, or with ``set_to_none=False`` zeroes it in place."""
+        if set_to_none:
+            self.weight_grad = None
+        elif self.weight_grad is not None:
+            self.weight_grad[...] = 0
 
     def state_dict(self) -> dict:
         """``{"weight": weight}``, or ``{}`` without an affine weight."""

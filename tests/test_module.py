@@ -4,6 +4,9 @@ torch (parity) or the float64 reference."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -292,8 +295,12 @@ def test_load_state_dict_copies_the_weight():
 
 # ---------------------------------------------------------------------------
 # torch.nn.Module's surface without autograd, side by side with torch:
-# parameters, requires_grad_, train/eval and the checked weight.
+# parameters, requires_grad_, train/eval, dtype conversions, zero_grad
+# and the checked weight.
 # ---------------------------------------------------------------------------
+
+BF16 = rmsnorm._dtypes.BF16
+needs_bfloat16 = pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
 
 
 def _step_both(ours, theirs, seed, shape=(4, 6)):
@@ -426,6 +433,167 @@ def test_eval_mode_computes_what_training_mode_does_like_torch(dtype):
     assert np.array_equal(ours.eval()(x), training)
     assert_forward_close(training, theirs.eval()(torch.from_numpy(x)).detach().numpy(),
                          what="output in eval mode")
+
+
+def _torch_dtype_name(tensor):
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+CONVERSIONS = {
+    "half": (lambda m: m.half(), lambda m: m.half()),
+    "float": (lambda m: m.float(), lambda m: m.float()),
+    "double": (lambda m: m.double(), lambda m: m.double()),
+    "bfloat16": (lambda m: m.bfloat16(), lambda m: m.bfloat16()),
+    "to(float16)": (lambda m: m.to(np.float16), lambda m: m.to(torch.float16)),
+    "to(float32)": (lambda m: m.to("float32"), lambda m: m.to(torch.float32)),
+    "to(float64)": (lambda m: m.to(np.dtype(np.float64)), lambda m: m.to(torch.float64)),
+    "to(bfloat16)": (lambda m: m.to("bfloat16"), lambda m: m.to(torch.bfloat16)),
+}
+parametrize_conversion = pytest.mark.parametrize("conversion", [
+    pytest.param(name, marks=[needs_bfloat16] if "bfloat16" in name else [])
+    for name in CONVERSIONS
+])
+
+
+@parametrize_conversion
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_conversion_gives_the_weight_torchs_dtype_and_values(conversion, dtype):
+    ours, theirs = _torch_module_pair((2, 3), dtype)
+    convert, convert_torch = CONVERSIONS[conversion]
+    assert convert(ours) is ours
+    assert convert_torch(theirs) is theirs
+    assert isinstance(ours.weight, np.ndarray)
+    assert ours.weight.dtype.name == _torch_dtype_name(theirs.weight)
+    assert np.array_equal(ours.weight.astype(np.float64),
+                          theirs.weight.detach().double().numpy())
+
+
+@parametrize_conversion
+def test_conversion_converts_weight_grad_like_torch(conversion):
+    ours, theirs = _torch_module_pair(6, np.float32, eps=1e-5)
+    _step_both(ours, theirs, seed=15)
+    convert, convert_torch = CONVERSIONS[conversion]
+    convert(ours)
+    convert_torch(theirs)
+    assert ours.weight_grad.dtype.name == _torch_dtype_name(theirs.weight.grad)
+    assert ours.weight_grad.dtype == ours.weight.dtype
+    assert_close_ulp(ours.weight_grad.astype(np.float64),
+                     theirs.weight.grad.double().numpy(), rtol=1e-5, atol=1e-5,
+                     what="converted weight_grad")
+
+
+@parametrize_conversion
+def test_conversion_without_weight_returns_the_module_like_torch(conversion):
+    ours = rmsnorm.RMSNorm(3, elementwise_affine=False)
+    theirs = torch.nn.RMSNorm(3, elementwise_affine=False)
+    convert, convert_torch = CONVERSIONS[conversion]
+    assert convert(ours) is ours and convert_torch(theirs) is theirs
+    assert ours.weight is None and theirs.weight is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_conversion_to_the_same_dtype_keeps_the_weight_like_torch(dtype):
+    ours, theirs = _torch_module_pair(4, dtype)
+    before, before_torch = ours.weight, theirs.weight.data_ptr()
+    ours.to(dtype)
+    theirs.to(TORCH_DTYPE[np.dtype(dtype)])
+    assert ours.weight is before
+    assert theirs.weight.data_ptr() == before_torch
+
+
+def test_conversion_leaves_a_weight_held_outside_unchanged():
+    ours = rmsnorm.RMSNorm(3)
+    ours.weight[...] = [0.1, 0.2, 0.3]
+    held = ours.weight
+    ours.half()
+    assert held.dtype == np.float32
+    assert np.array_equal(held, np.array([0.1, 0.2, 0.3], np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_], ids=dtype_id)
+def test_conversion_to_a_non_floating_dtype_is_a_type_error_like_torch(dtype):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    error = _raised(lambda: ours.to(dtype))
+    error_torch = _raised(lambda: theirs.to(getattr(torch, np.dtype(dtype).name)))
+    assert type(error) is type(error_torch) is TypeError
+    name = np.dtype(dtype).name
+    assert name in str(error) and name in str(error_torch)
+    assert ours.weight.dtype == np.float32
+
+
+def test_conversion_to_complex_is_a_type_error_as_the_kernels_are_real():
+    # torch takes it (complex modules are experimental there); RMSNorm's loops are real.
+    with pytest.raises(TypeError, match="complex64"):
+        rmsnorm.RMSNorm(3).to(np.complex64)
+
+
+def test_bfloat16_without_ml_dtypes_says_how_to_get_it():
+    code = (
+        "import sys; sys.modules['ml_dtypes'] = None\n"
+        "import rmsnorm\n"
+        "layer = rmsnorm.RMSNorm(4)\n"
+        "for convert in (layer.bfloat16, lambda: layer.to('bfloat16')):\n"
+        "    try:\n"
+        "        convert()\n"
+        "    except ImportError as error:\n"
+        "        assert 'ml_dtypes' in str(error), error\n"
+        "    else:\n"
+        "        raise SystemExit('no ImportError')\n"
+        "assert layer.weight.dtype == 'float32'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("conversion", ["double", "half"])
+def test_backward_after_a_conversion_uses_the_saved_input_like_torch(conversion):
+    ours, theirs = _torch_module_pair(6, np.float32, eps=1e-5)
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    grad_output = rng.standard_normal((4, 6)).astype(np.float32)
+    x_t = torch.from_numpy(x).clone().requires_grad_()
+    y_t = theirs(x_t)
+    ours(x)
+    getattr(ours, conversion)()
+    getattr(theirs, conversion)()
+    y_t.backward(torch.from_numpy(grad_output))
+    grad_input = ours.backward(grad_output)
+    # The input's gradient keeps the input's dtype in both; ours is computed
+    # with the converted weight (rounded, for half), torch's with the one the
+    # forward used.
+    assert grad_input.dtype == np.float32 == x_t.grad.numpy().dtype
+    tolerance = 1e-5 if conversion == "double" else 2e-3
+    assert_close_ulp(grad_input, x_t.grad.numpy(), rtol=tolerance, atol=tolerance,
+                     what=f"grad_input after {conversion}()")
+    # torch gives the gradient the forward's weight dtype; ours has the weight's.
+    assert ours.weight_grad.dtype == ours.weight.dtype
+    assert_close_ulp(ours.weight_grad.astype(np.float64), theirs.weight.grad.double().numpy(),
+                     rtol=tolerance, atol=tolerance, what=f"weight_grad after {conversion}()")
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_zero_grad_matches_torch(dtype, set_to_none):
+    ours, theirs = _torch_module_pair((2, 3), dtype)
+    _step_both(ours, theirs, seed=17, shape=(5, 2, 3))
+    before, before_torch = ours.weight_grad, theirs.weight.grad
+    assert ours.zero_grad(set_to_none=set_to_none) is None
+    theirs.zero_grad(set_to_none=set_to_none)
+    if set_to_none:
+        assert ours.weight_grad is None and theirs.weight.grad is None
+    else:
+        assert ours.weight_grad is before and theirs.weight.grad is before_torch
+        assert np.array_equal(ours.weight_grad, theirs.weight.grad.numpy())
+        assert np.array_equal(ours.weight_grad, np.zeros((2, 3)))
+    _step_both(ours, theirs, seed=18, shape=(5, 2, 3))
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="weight_grad after zero")
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_before_any_backward_leaves_none_like_torch(set_to_none):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    ours.zero_grad(set_to_none=set_to_none)
+    theirs.zero_grad(set_to_none=set_to_none)
+    assert ours.weight_grad is None and theirs.weight.grad is None
 
 
 NOT_ARRAYS = {
