@@ -9,6 +9,16 @@ import numpy as np
 from ._dtypes import WEIGHT_DTYPES, resolve_dtype
 from .functional import normalized_shape_tuple, rms_norm, rms_norm_backward, weight_shape_error
 
+# What backward() finds where forward() saved its input, once an earlier
+# backward() has freed it: a second backward is an error, as in torch.
+_FREED_BY_BACKWARD = object()
+
+_SECOND_BACKWARD = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed): RMSNorm.backward() frees the input that forward() "
+    "saved. Call forward() again before the next backward()."
+)
+
 
 def _weight_dtype(dtype) -> np.dtype:
     """``dtype`` in native byte order if a weight can have it, else TypeError."""
@@ -39,15 +49,18 @@ class RMSNorm:
 
     The input is kept by reference for ``backward``, as torch saves it:
     changing it in place between the two calls changes the gradient.
-    ``backward`` uses the weight as it is then: a weight assigned or
-    converted (``to``) since the forward is the one it uses.
+    ``backward`` frees it, so a second ``backward`` needs another
+    ``forward``. ``backward`` uses the weight as it is then: a weight
+    assigned or converted (``to``) since the forward is the one it uses.
 
     Of ``torch.nn.Module`` it has what makes sense without autograd or
     devices: ``parameters``/``named_parameters``, ``requires_grad_`` (kept in
     ``weight_requires_grad``), ``train``/``eval`` (the ``training`` flag;
     RMSNorm computes the same in both), ``to(dtype)`` and
-    ``half``/``float``/``double``/``bfloat16``, ``zero_grad`` and
-    ``state_dict``/``load_state_dict``.
+    ``half``/``float``/``double``/``bfloat16``, ``zero_grad``,
+    ``state_dict``/``load_state_dict``, and pickling and ``copy``, which
+    keep the configuration and the weight but neither ``weight_grad`` nor
+    the saved input, as torch keeps neither ``.grad`` nor saved tensors.
 
     >>> import numpy as np, rmsnorm
     >>> layer = rmsnorm.RMSNorm(2, eps=0.0)
@@ -68,7 +81,7 @@ class RMSNorm:
             weight_dtype = _weight_dtype(np.float32 if dtype is None else dtype)
             self._weight = np.empty(self.normalized_shape, weight_dtype)
         self.weight_grad = None
-        self._input = None
+        self._saved_input = None
         self.reset_parameters()
 
     @property
@@ -109,7 +122,7 @@ class RMSNorm:
     def forward(self, x):
         """Normalises ``x`` and keeps it for :meth:`backward`."""
         y = rms_norm(x, self.normalized_shape, self._weight, self.eps)
-        self._input = x
+        self._saved_input = x
         return y
 
     __call__ = forward
@@ -118,12 +131,17 @@ class RMSNorm:
         """The input's gradient for the last forward; adds into ``weight_grad``.
 
         The weight's gradient is added only while ``weight_requires_grad``.
+        The input saved by forward is freed: a second backward raises
+        RuntimeError until forward runs again.
         """
-        if self._input is None:
+        if self._saved_input is None:
             raise ValueError("RMSNorm.backward() called before forward(): there is no input")
+        if self._saved_input is _FREED_BY_BACKWARD:
+            raise RuntimeError(_SECOND_BACKWARD)
         grad_input, grad_weight = rms_norm_backward(
-            grad_output, self._input, self.normalized_shape, self._weight, self.eps
+            grad_output, self._saved_input, self.normalized_shape, self._weight, self.eps
         )
+        self._saved_input = _FREED_BY_BACKWARD
         if grad_weight is not None and self.weight_requires_grad:
             if self.weight_grad is None:
                 self.weight_grad = grad_weight
@@ -251,6 +269,22 @@ class RMSNorm:
             raise ValueError("Error(s) in loading state_dict for RMSNorm: " + "; ".join(problems))
         if self.weight is not None:
             np.copyto(self.weight, value, casting="unsafe")
+
+    def __getstate__(self) -> dict:
+        """What pickle and copy keep: the configuration, flags and weight.
+
+        Not the input saved by forward (it may be a whole batch), nor
+        ``weight_grad``: torch's pickle and deepcopy keep neither saved
+        tensors nor ``.grad``.
+        """
+        state = self.__dict__.copy()
+        del state["_saved_input"], state["weight_grad"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.weight_grad = None
+        self._saved_input = None
 
     def extra_repr(self) -> str:
         """The text inside ``RMSNorm(...)`` in the repr, as torch's extra_repr."""

@@ -4,8 +4,12 @@ torch (parity) or the float64 reference."""
 
 from __future__ import annotations
 
+import copy
+import gc
+import pickle
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -295,8 +299,8 @@ def test_load_state_dict_copies_the_weight():
 
 # ---------------------------------------------------------------------------
 # torch.nn.Module's surface without autograd, side by side with torch:
-# parameters, requires_grad_, train/eval, dtype conversions, zero_grad
-# and the checked weight.
+# parameters, requires_grad_, train/eval, dtype conversions, zero_grad,
+# the checked weight, one backward per forward, pickling and copying.
 # ---------------------------------------------------------------------------
 
 BF16 = rmsnorm._dtypes.BF16
@@ -714,3 +718,138 @@ def test_an_assigned_weight_in_another_byte_order_is_stored_in_native_order():
     ours.weight = caller
     assert ours.weight.dtype == np.float32 and ours.weight.dtype.isnative
     assert np.array_equal(ours.weight, caller)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_second_backward_raises_like_torch(affine):
+    ours, theirs = _torch_module_pair(5, np.float32, affine=affine)
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    grad_output = rng.standard_normal((3, 5)).astype(np.float32)
+    y_t = theirs(torch.from_numpy(x).requires_grad_())
+    y_t.backward(torch.from_numpy(grad_output))
+    ours(x)
+    ours.backward(grad_output)
+    weight_grad = None if ours.weight_grad is None else ours.weight_grad.copy()
+    error = _raised(lambda: ours.backward(grad_output))
+    error_torch = _raised(lambda: y_t.backward(torch.from_numpy(grad_output)))
+    assert type(error) is type(error_torch) is RuntimeError
+    fragment = "Trying to backward through the graph a second time"
+    assert fragment in str(error) and fragment in str(error_torch)
+    if affine:
+        assert np.array_equal(ours.weight_grad, weight_grad)
+
+
+def test_forward_again_allows_another_backward_like_torch():
+    ours, theirs = _torch_module_pair(5, np.float32, eps=1e-5)
+    for seed in (25, 26):
+        grad_input, grad_input_torch = _step_both(ours, theirs, seed=seed, shape=(3, 5))
+        assert_grad_close(grad_input, grad_input_torch, what=f"grad_input of seed {seed}")
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="two steps' weight_grad")
+
+
+def test_a_failed_backward_keeps_the_saved_input_like_torch():
+    ours, theirs = _torch_module_pair(3, np.float32)
+    x = np.random.default_rng(27).standard_normal((2, 3)).astype(np.float32)
+    x_t = torch.from_numpy(x).clone().requires_grad_()
+    y_t = theirs(x_t)
+    ours(x)
+    assert type(_raised(lambda: ours.backward(np.ones((4, 3), np.float32)))) is ValueError
+    assert type(_raised(lambda: y_t.backward(torch.ones(4, 3)))) is RuntimeError
+    grad_input = ours.backward(np.ones((2, 3), np.float32))
+    y_t.backward(torch.ones(2, 3))
+    assert_grad_close(grad_input, x_t.grad.numpy(), what="grad_input after a failed backward")
+
+
+def test_backward_lets_go_of_the_saved_input():
+    ours = rmsnorm.RMSNorm(3)
+    x = np.ones((2, 3), np.float32)
+    saved = weakref.ref(x)
+    ours(x)
+    ours.backward(np.ones((2, 3), np.float32))
+    del x
+    gc.collect()
+    assert saved() is None, "the module still holds the input after backward"
+
+
+ROUND_TRIPS = {"pickle": lambda module: pickle.loads(pickle.dumps(module)),
+               "deepcopy": copy.deepcopy}
+
+# (normalized_shape, dtype, eps, elementwise_affine, calls made before the copy)
+ROUND_TRIP_CONFIGS = {
+    "float32": ((2, 3), np.float32, 1e-5, True, ()),
+    "float64-eval": (6, np.float64, None, True, ("eval",)),
+    "no_weight": (6, np.float32, None, False, ()),
+    "requires_grad_off-eval": ((3, 2), np.float32, 1e-6, True, ("eval", "requires_grad_off")),
+}
+
+
+def _configured_pair(name):
+    normalized_shape, dtype, eps, affine, calls = ROUND_TRIP_CONFIGS[name]
+    ours, theirs = _torch_module_pair(normalized_shape, dtype, eps=eps, affine=affine, seed=28)
+    for module in (ours, theirs):
+        if "eval" in calls:
+            module.eval()
+        if "requires_grad_off" in calls:
+            module.requires_grad_(False)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("config", ROUND_TRIP_CONFIGS)
+@pytest.mark.parametrize("round_trip", ROUND_TRIPS)
+def test_round_trip_keeps_configuration_flags_and_weight_like_torch(round_trip, config):
+    ours, theirs = _configured_pair(config)
+    copied, copied_torch = ROUND_TRIPS[round_trip](ours), ROUND_TRIPS[round_trip](theirs)
+    assert repr(copied) == repr(copied_torch) == repr(ours)
+    assert copied.training is copied_torch.training is ours.training
+    weight_torch = copied_torch.weight
+    assert copied.weight_requires_grad is (weight_torch is None or weight_torch.requires_grad)
+    if ours.weight is None:
+        assert copied.weight is None and weight_torch is None
+    else:
+        assert copied.weight is not ours.weight
+        assert copied.weight.dtype == ours.weight.dtype
+        assert np.array_equal(copied.weight, ours.weight)
+        assert np.array_equal(copied.weight, weight_torch.detach().numpy())
+    x = np.random.default_rng(29).standard_normal((4,) + ours.normalized_shape)
+    x = x.astype(np.float32 if ours.weight is None else ours.weight.dtype)
+    assert np.array_equal(copied(x), ours(x))
+
+
+@pytest.mark.parametrize("round_trip", ROUND_TRIPS)
+def test_round_trip_drops_weight_grad_like_torch(round_trip):
+    ours, theirs = _torch_module_pair(4, np.float32)
+    _step_both(ours, theirs, seed=30, shape=(2, 4))
+    assert ours.weight_grad is not None and theirs.weight.grad is not None
+    assert ROUND_TRIPS[round_trip](ours).weight_grad is None
+    assert ROUND_TRIPS[round_trip](theirs).weight.grad is None
+    assert ours.weight_grad is not None
+
+
+@pytest.mark.parametrize("round_trip", ROUND_TRIPS)
+def test_round_trip_drops_the_saved_input_and_the_original_keeps_it(round_trip):
+    ours = rmsnorm.RMSNorm(4)
+    x = np.random.default_rng(31).standard_normal((2, 4)).astype(np.float32)
+    ours(x)
+    copied = ROUND_TRIPS[round_trip](ours)
+    with pytest.raises(ValueError, match="before forward"):
+        copied.backward(np.ones((2, 4), np.float32))
+    expected, _ = rmsnorm.rms_norm_backward(np.ones((2, 4), np.float32), x, 4, ours.weight)
+    assert np.array_equal(ours.backward(np.ones((2, 4), np.float32)), expected)
+
+
+def test_shallow_copy_shares_the_weight_like_torch():
+    ours, theirs = _torch_module_pair(4, np.float32)
+    assert copy.copy(ours).weight is ours.weight
+    assert copy.copy(theirs).weight is theirs.weight
+
+
+def test_pickle_after_a_forward_on_a_large_batch_is_small():
+    ours = rmsnorm.RMSNorm(1024)
+    x = np.ones((4096, 1024), np.float32)  # 16 MiB
+    ours(x)
+    ours.backward(x)  # a weight_grad as large as the weight, which pickle leaves out too
+    ours(x)
+    size = len(pickle.dumps(ours))
+    # The weight (4 KiB) and a little configuration: neither x nor weight_grad.
+    assert size < ours.weight.nbytes + 2048, f"pickled RMSNorm is {size} bytes"
