@@ -71,6 +71,14 @@ def _torch_list(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
+def weight_shape_error(weight_shape, normalized_shape) -> ValueError:
+    """The error, in torch's words, for a weight whose shape is not normalized_shape."""
+    return ValueError(
+        "Expected weight to be of same shape as normalized_shape, but got weight of shape "
+        f"{_torch_list(weight_shape)} and normalized_shape = {_torch_list(normalized_shape)}"
+    )
+
+
 def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
     """eps as the loops take it, float32 unless the input is float64 (so a
     given eps is rounded to float32 there, as torch does); None is the
@@ -138,10 +146,7 @@ def _prepare(input, normalized_shape, weight, eps):
         if loop_dtype not in WEIGHT_DTYPES[dtype]:
             loop_dtype = loop_weight_dtype(dtype, _compute_dtype(weight, "weight"))
         if tuple(weight.shape) != shape:
-            raise ValueError(
-                "Expected weight to be of same shape as normalized_shape, but got weight of "
-                f"shape {_torch_list(weight.shape)} and normalized_shape = {_torch_list(shape)}"
-            )
+            raise weight_shape_error(weight.shape, shape)
     x_shape = tuple(x.shape)
     if len(x_shape) < k:
         raise ValueError(f"Input tensor must have at least {k} dimensions, but got {len(x_shape)}")

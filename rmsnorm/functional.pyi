@@ -18,6 +18,9 @@ _ShapeLike = SupportsIndex | Sequence[SupportsIndex]
 _Eps = float | np.floating[Any] | None
 
 def normalized_shape_tuple(normalized_shape: _ShapeLike) -> tuple[int, ...]: ...
+def weight_shape_error(
+    weight_shape: tuple[int, ...], normalized_shape: tuple[int, ...]
+) -> ValueError: ...
 @overload
 def rms_norm(
     input: NDArray[_Float],

@@ -7,7 +7,34 @@ import collections.abc
 import numpy as np
 
 from ._dtypes import WEIGHT_DTYPES, resolve_dtype
-from .functional import normalized_shape_tuple, rms_norm, rms_norm_backward
+from .functional import normalized_shape_tuple, rms_norm, rms_norm_backward, weight_shape_error
+
+# What backward() finds where forward() saved its input, once an earlier
+# backward() has freed it: a second backward is an error, as in torch.
+_FREED_BY_BACKWARD = object()
+
+_SECOND_BACKWARD = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed): RMSNorm.backward() frees the input that forward() "
+    "saved. Call forward() again before the next backward()."
+)
+
+
+def _weight_dtype(dtype) -> np.dtype:
+    """``dtype`` in native byte order if a weight can have it, else TypeError."""
+    weight_dtype = resolve_dtype(dtype).newbyteorder("=")
+    if weight_dtype not in WEIGHT_DTYPES:
+        names = ", ".join(str(d) for d in WEIGHT_DTYPES)
+        raise TypeError(f"RMSNorm's dtype must be one of {names}, got {weight_dtype}")
+    return weight_dtype
+
+
+def _type_name(value) -> str:
+    """The type's name as torch.typename writes it: ``list``, ``torch.Tensor``."""
+    cls = type(value)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class RMSNorm:
@@ -22,6 +49,18 @@ class RMSNorm:
 
     The input is kept by reference for ``backward``, as torch saves it:
     changing it in place between the two calls changes the gradient.
+    ``backward`` frees it, so a second ``backward`` needs another
+    ``forward``. ``backward`` uses the weight as it is then: a weight
+    assigned or converted (``to``) since the forward is the one it uses.
+
+    Of ``torch.nn.Module`` it has what makes sense without autograd or
+    devices: ``parameters``/``named_parameters``, ``requires_grad_`` (kept in
+    ``weight_requires_grad``), ``train``/``eval`` (the ``training`` flag;
+    RMSNorm computes the same in both), ``to(dtype)`` and
+    ``half``/``float``/``double``/``bfloat16``, ``zero_grad``,
+    ``state_dict``/``load_state_dict``, and pickling and ``copy``, which
+    keep the configuration and the weight but neither ``weight_grad`` nor
+    the saved input, as torch keeps neither ``.grad`` nor saved tensors.
 
     >>> import numpy as np, rmsnorm
     >>> layer = rmsnorm.RMSNorm(2, eps=0.0)
@@ -35,16 +74,45 @@ class RMSNorm:
         self.normalized_shape = normalized_shape_tuple(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        self.weight = None
+        self.training = True
+        self.weight_requires_grad = True
+        self._weight = None
         if elementwise_affine:
-            weight_dtype = np.dtype(np.float32) if dtype is None else resolve_dtype(dtype)
-            if weight_dtype not in WEIGHT_DTYPES:
-                names = ", ".join(str(d) for d in WEIGHT_DTYPES)
-                raise TypeError(f"RMSNorm's dtype must be one of {names}, got {weight_dtype}")
-            self.weight = np.empty(self.normalized_shape, weight_dtype)
+            weight_dtype = _weight_dtype(np.float32 if dtype is None else dtype)
+            self._weight = np.empty(self.normalized_shape, weight_dtype)
         self.weight_grad = None
-        self._input = None
+        self._saved_input = None
         self.reset_parameters()
+
+    @property
+    def weight(self):
+        """The affine weight, an ndarray of shape ``normalized_shape``, or None.
+
+        It is the module's own array: update it in place (``weight -= lr *
+        weight_grad``). Assigning an ndarray stores a copy in native byte
+        order, so the caller's array is never changed through the module;
+        it must have shape ``normalized_shape`` (ValueError) and a dtype
+        RMSNorm computes with (TypeError). Anything else but None is a
+        TypeError, in torch's words. The new weight has no gradient yet:
+        ``weight_grad`` becomes None. As in torch, a layer made with
+        ``elementwise_affine=False`` takes a weight too.
+        """
+        return self._weight
+
+    @weight.setter
+    def weight(self, value) -> None:
+        if value is not None:
+            if not isinstance(value, np.ndarray):
+                raise TypeError(
+                    f"cannot assign '{_type_name(value)}' as parameter 'weight' "
+                    "(numpy.ndarray or None expected)"
+                )
+            dtype = _weight_dtype(value.dtype)
+            if value.shape != self.normalized_shape:
+                raise weight_shape_error(value.shape, self.normalized_shape)
+            value = np.array(value, dtype=dtype, order="C")
+        self._weight = value
+        self.weight_grad = None
 
     def reset_parameters(self) -> None:
         """Sets the weight to ones: the single place it is initialised."""
@@ -53,33 +121,126 @@ class RMSNorm:
 
     def forward(self, x):
         """Normalises ``x`` and keeps it for :meth:`backward`."""
-        y = rms_norm(x, self.normalized_shape, self.weight, self.eps)
-        self._input = x
+        y = rms_norm(x, self.normalized_shape, self._weight, self.eps)
+        self._saved_input = x
         return y
 
     __call__ = forward
 
     def backward(self, grad_output):
-        """The input's gradient for the last forward; adds into ``weight_grad``."""
-        if self._input is None:
+        """The input's gradient for the last forward; adds into ``weight_grad``.
+
+        The weight's gradient is added only while ``weight_requires_grad``.
+        The input saved by forward is freed: a second backward raises
+        RuntimeError until forward runs again.
+        """
+        if self._saved_input is None:
             raise ValueError("RMSNorm.backward() called before forward(): there is no input")
+        if self._saved_input is _FREED_BY_BACKWARD:
+            raise RuntimeError(_SECOND_BACKWARD)
         grad_input, grad_weight = rms_norm_backward(
-            grad_output, self._input, self.normalized_shape, self.weight, self.eps
+            grad_output, self._saved_input, self.normalized_shape, self._weight, self.eps
         )
-        if grad_weight is not None:
+        self._saved_input = _FREED_BY_BACKWARD
+        if grad_weight is not None and self.weight_requires_grad:
             if self.weight_grad is None:
                 self.weight_grad = grad_weight
             else:
                 self.weight_grad += grad_weight
         return grad_input
 
-    def zero_grad(self) -> None:
-        """Forgets the accumulated weight gradient (torch's set_to_none)."""
-        self.weight_grad = None
+    def parameters(self, recurse: bool = True):
+        """An iterator over the parameters: the weight, if there is one.
+
+        ``recurse`` is torch's; RMSNorm has no submodules to recurse into.
+        """
+        for _, parameter in self.named_parameters(recurse=recurse):
+            yield parameter
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True):
+        """An iterator over ``(name, parameter)``: ``("weight", weight)``, if there is one.
+
+        A ``prefix`` is joined to the name with a dot, as in torch.
+        """
+        if self._weight is not None:
+            yield (f"{prefix}.weight" if prefix else "weight"), self._weight
+
+    def requires_grad_(self, requires_grad: bool = True):
+        """Sets ``weight_requires_grad``: whether backward accumulates ``weight_grad``.
+
+        With it False, backward still returns the input's gradient and
+        leaves ``weight_grad`` as it is. torch keeps the flag on the
+        parameter (``weight.requires_grad``); here it is the module's, and
+        stays when a new weight is assigned. Returns the module.
+        """
+        if not isinstance(requires_grad, bool):
+            raise TypeError(
+                "requires_grad_(): argument 'requires_grad' (position 1) must be bool, "
+                f"not {type(requires_grad).__name__}"
+            )
+        self.weight_requires_grad = requires_grad
+        return self
+
+    def train(self, mode: bool = True):
+        """Sets the ``training`` flag; returns the module.
+
+        RMSNorm computes the same in training and in eval mode; the flag is
+        there for code that sets and reads it, as on any torch module.
+        """
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        self.training = mode
+        return self
+
+    def eval(self):
+        """``train(False)``: returns the module."""
+        return self.train(False)
+
+    def to(self, dtype):
+        """Converts the weight and ``weight_grad`` to ``dtype`` in place; returns the module.
+
+        ``dtype`` is anything ``np.dtype`` takes, or ``"bfloat16"``, and
+        must be one RMSNorm computes with (TypeError otherwise; ImportError
+        for bfloat16 without ml_dtypes). The weight becomes a new array
+        unless it has the dtype already. The input saved by forward keeps
+        its dtype, as torch's graph does: a backward after ``to`` returns
+        the input's gradient in the input's dtype, computed with the
+        converted weight. torch's devices and other arguments have no
+        counterpart here.
+        """
+        dtype = _weight_dtype(dtype)
+        if self._weight is not None:
+            self._weight = self._weight.astype(dtype, copy=False)
+        if self.weight_grad is not None:
+            self.weight_grad = self.weight_grad.astype(dtype, copy=False)
+        return self
+
+    def half(self):
+        """``to(numpy.float16)``: returns the module."""
+        return self.to(np.float16)
+
+    def float(self):
+        """``to(numpy.float32)``: returns the module."""
+        return self.to(np.float32)
+
+    def double(self):
+        """``to(numpy.float64)``: returns the module."""
+        return self.to(np.float64)
+
+    def bfloat16(self):
+        """``to("bfloat16")``, which needs ml_dtypes: returns the module."""
+        return self.to("bfloat16")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Sets ``weight_grad`` to None, or with ``set_to_none=False`` zeroes it in place."""
+        if set_to_none:
+            self.weight_grad = None
+        elif self.weight_grad is not None:
+            self.weight_grad[...] = 0
 
     def state_dict(self) -> dict:
         """``{"weight": weight}``, or ``{}`` without an affine weight."""
-        return {} if self.weight is None else {"weight": self.weight}
+        return dict(self.named_parameters())
 
     def load_state_dict(self, state_dict, strict: bool = True) -> None:
         """Copies ``state_dict["weight"]`` (anything np.asarray takes) into weight."""
@@ -108,6 +269,22 @@ class RMSNorm:
             raise ValueError("Error(s) in loading state_dict for RMSNorm: " + "; ".join(problems))
         if self.weight is not None:
             np.copyto(self.weight, value, casting="unsafe")
+
+    def __getstate__(self) -> dict:
+        """What pickle and copy keep: the configuration, flags and weight.
+
+        Not the input saved by forward (it may be a whole batch), nor
+        ``weight_grad``: torch's pickle and deepcopy keep neither saved
+        tensors nor ``.grad``.
+        """
+        state = self.__dict__.copy()
+        del state["_saved_input"], state["weight_grad"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.weight_grad = None
+        self._saved_input = None
 
     def extra_repr(self) -> str:
         """The text inside ``RMSNorm(...)`` in the repr, as torch's extra_repr."""

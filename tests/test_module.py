@@ -4,6 +4,13 @@ torch (parity) or the float64 reference."""
 
 from __future__ import annotations
 
+import copy
+import gc
+import pickle
+import subprocess
+import sys
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -288,3 +295,561 @@ def test_load_state_dict_copies_the_weight():
     ours.load_state_dict({"weight": source})
     source[0] = 99.0
     assert ours.weight[0] == 1.0
+
+
+# ---------------------------------------------------------------------------
+# torch.nn.Module's surface without autograd, side by side with torch:
+# parameters, requires_grad_, train/eval, dtype conversions, zero_grad,
+# the checked weight, one backward per forward, pickling and copying.
+# ---------------------------------------------------------------------------
+
+BF16 = rmsnorm._dtypes.BF16
+needs_bfloat16 = pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
+
+
+def _step_both(ours, theirs, seed, shape=(4, 6)):
+    """One forward and backward of each module on the same random batch."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if ours.weight is None else ours.weight.dtype
+    x = rng.standard_normal(shape).astype(dtype)
+    grad_output = rng.standard_normal(shape).astype(dtype)
+    ours(x)
+    return ours.backward(grad_output), _torch_step(theirs, x, grad_output)
+
+
+def _raised(call):
+    """The exception ``call()`` raises (the test fails if it raises none)."""
+    with pytest.raises(Exception) as info:
+        call()
+    return info.value
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+@pytest.mark.parametrize("prefix", ["", "norm", "model.layers.0"])
+def test_named_parameters_have_torchs_names_and_values(affine, prefix):
+    ours, theirs = _torch_module_pair((2, 3), np.float32, affine=affine)
+    named = list(ours.named_parameters(prefix=prefix))
+    named_torch = list(theirs.named_parameters(prefix=prefix))
+    assert [name for name, _ in named] == [name for name, _ in named_torch]
+    for (_, value), (_, value_torch) in zip(named, named_torch):
+        assert value is ours.weight
+        assert np.array_equal(value, value_torch.detach().numpy())
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_parameters_are_the_weight_like_torch(affine):
+    ours, theirs = _torch_module_pair(5, np.float32, affine=affine)
+    parameters = list(ours.parameters())
+    assert len(parameters) == len(list(theirs.parameters()))
+    assert all(parameter is ours.weight for parameter in parameters)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_state_dict_keys_are_the_parameter_names_like_torch(affine):
+    ours, theirs = _torch_module_pair(5, np.float32, affine=affine)
+    assert list(ours.state_dict()) == [name for name, _ in ours.named_parameters()]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_requires_grad_sets_the_flag_and_returns_the_module_like_torch(requires_grad):
+    ours, theirs = _torch_module_pair(4, np.float32)
+    assert ours.weight_requires_grad is theirs.weight.requires_grad is True
+    assert ours.requires_grad_(requires_grad) is ours
+    assert theirs.requires_grad_(requires_grad) is theirs
+    assert ours.weight_requires_grad is theirs.weight.requires_grad is requires_grad
+    assert ours.requires_grad_() is ours and ours.weight_requires_grad is True
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_without_requires_grad_backward_accumulates_no_weight_grad_like_torch(dtype):
+    ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
+    ours.requires_grad_(False)
+    theirs.requires_grad_(False)
+    grad_input, grad_input_torch = _step_both(ours, theirs, seed=10)
+    assert ours.weight_grad is None and theirs.weight.grad is None
+    assert_grad_close(grad_input, grad_input_torch, what="grad_input without requires_grad")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_requires_grad_off_keeps_the_gradient_so_far_and_on_again_adds_to_it_like_torch(dtype):
+    ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
+    _step_both(ours, theirs, seed=11)
+    first = ours.weight_grad.copy()
+    ours.requires_grad_(False)
+    theirs.requires_grad_(False)
+    _step_both(ours, theirs, seed=12)
+    assert np.array_equal(ours.weight_grad, first)
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="kept weight_grad")
+    ours.requires_grad_(True)
+    theirs.requires_grad_(True)
+    _step_both(ours, theirs, seed=13)
+    assert not np.array_equal(ours.weight_grad, first)
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="weight_grad again")
+
+
+@pytest.mark.parametrize("requires_grad", [1, 0, None, "yes"], ids=repr)
+def test_requires_grad_rejects_a_non_bool_like_torch(requires_grad):
+    ours, theirs = _torch_module_pair(4, np.float32)
+    error = _raised(lambda: ours.requires_grad_(requires_grad))
+    error_torch = _raised(lambda: theirs.requires_grad_(requires_grad))
+    assert type(error) is type(error_torch) is TypeError
+    assert str(error) == str(error_torch)
+    assert ours.weight_requires_grad is True
+
+
+TRAIN_EVAL_SEQUENCES = {
+    "eval": [("eval",)],
+    "train": [("train",)],
+    "train(False)": [("train", False)],
+    "eval-train": [("eval",), ("train",)],
+    "train(False)-train(True)": [("train", False), ("train", True)],
+    "eval-eval-train(True)-train(False)": [("eval",), ("eval",), ("train", True),
+                                           ("train", False)],
+}
+
+
+@pytest.mark.parametrize("sequence", TRAIN_EVAL_SEQUENCES.values(), ids=TRAIN_EVAL_SEQUENCES)
+def test_training_flag_follows_torchs_through_train_and_eval(sequence):
+    ours, theirs = rmsnorm.RMSNorm(3), torch.nn.RMSNorm(3)
+    assert ours.training is theirs.training is True
+    for method, *args in sequence:
+        assert getattr(ours, method)(*args) is ours
+        getattr(theirs, method)(*args)
+        assert ours.training is theirs.training, f"after {method}{tuple(args)}"
+
+
+@pytest.mark.parametrize("mode", [1, 0, None, "yes", 1.0, np.True_], ids=repr)
+def test_train_rejects_a_non_bool_mode_like_torch(mode):
+    ours, theirs = rmsnorm.RMSNorm(3), torch.nn.RMSNorm(3)
+    error = _raised(lambda: ours.train(mode))
+    error_torch = _raised(lambda: theirs.train(mode))
+    assert type(error) is type(error_torch) is ValueError
+    assert str(error) == str(error_torch) == "training mode is expected to be boolean"
+    assert ours.training is True
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_eval_mode_computes_what_training_mode_does_like_torch(dtype):
+    ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
+    x = np.random.default_rng(14).standard_normal((3, 6)).astype(dtype)
+    training = ours(x)
+    assert np.array_equal(ours.eval()(x), training)
+    assert_forward_close(training, theirs.eval()(torch.from_numpy(x)).detach().numpy(),
+                         what="output in eval mode")
+
+
+def _torch_dtype_name(tensor):
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+CONVERSIONS = {
+    "half": (lambda m: m.half(), lambda m: m.half()),
+    "float": (lambda m: m.float(), lambda m: m.float()),
+    "double": (lambda m: m.double(), lambda m: m.double()),
+    "bfloat16": (lambda m: m.bfloat16(), lambda m: m.bfloat16()),
+    "to(float16)": (lambda m: m.to(np.float16), lambda m: m.to(torch.float16)),
+    "to(float32)": (lambda m: m.to("float32"), lambda m: m.to(torch.float32)),
+    "to(float64)": (lambda m: m.to(np.dtype(np.float64)), lambda m: m.to(torch.float64)),
+    "to(bfloat16)": (lambda m: m.to("bfloat16"), lambda m: m.to(torch.bfloat16)),
+}
+parametrize_conversion = pytest.mark.parametrize("conversion", [
+    pytest.param(name, marks=[needs_bfloat16] if "bfloat16" in name else [])
+    for name in CONVERSIONS
+])
+
+
+@parametrize_conversion
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_conversion_gives_the_weight_torchs_dtype_and_values(conversion, dtype):
+    ours, theirs = _torch_module_pair((2, 3), dtype)
+    convert, convert_torch = CONVERSIONS[conversion]
+    assert convert(ours) is ours
+    assert convert_torch(theirs) is theirs
+    assert isinstance(ours.weight, np.ndarray)
+    assert ours.weight.dtype.name == _torch_dtype_name(theirs.weight)
+    assert np.array_equal(ours.weight.astype(np.float64),
+                          theirs.weight.detach().double().numpy())
+
+
+@parametrize_conversion
+def test_conversion_converts_weight_grad_like_torch(conversion):
+    ours, theirs = _torch_module_pair(6, np.float32, eps=1e-5)
+    _step_both(ours, theirs, seed=15)
+    convert, convert_torch = CONVERSIONS[conversion]
+    convert(ours)
+    convert_torch(theirs)
+    assert ours.weight_grad.dtype.name == _torch_dtype_name(theirs.weight.grad)
+    assert ours.weight_grad.dtype == ours.weight.dtype
+    assert_close_ulp(ours.weight_grad.astype(np.float64),
+                     theirs.weight.grad.double().numpy(), rtol=1e-5, atol=1e-5,
+                     what="converted weight_grad")
+
+
+@parametrize_conversion
+def test_conversion_without_weight_returns_the_module_like_torch(conversion):
+    ours = rmsnorm.RMSNorm(3, elementwise_affine=False)
+    theirs = torch.nn.RMSNorm(3, elementwise_affine=False)
+    convert, convert_torch = CONVERSIONS[conversion]
+    assert convert(ours) is ours and convert_torch(theirs) is theirs
+    assert ours.weight is None and theirs.weight is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_conversion_to_the_same_dtype_keeps_the_weight_like_torch(dtype):
+    ours, theirs = _torch_module_pair(4, dtype)
+    before, before_torch = ours.weight, theirs.weight.data_ptr()
+    ours.to(dtype)
+    theirs.to(TORCH_DTYPE[np.dtype(dtype)])
+    assert ours.weight is before
+    assert theirs.weight.data_ptr() == before_torch
+
+
+def test_conversion_leaves_a_weight_held_outside_unchanged():
+    ours = rmsnorm.RMSNorm(3)
+    ours.weight[...] = [0.1, 0.2, 0.3]
+    held = ours.weight
+    ours.half()
+    assert held.dtype == np.float32
+    assert np.array_equal(held, np.array([0.1, 0.2, 0.3], np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_], ids=dtype_id)
+def test_conversion_to_a_non_floating_dtype_is_a_type_error_like_torch(dtype):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    error = _raised(lambda: ours.to(dtype))
+    error_torch = _raised(lambda: theirs.to(getattr(torch, np.dtype(dtype).name)))
+    assert type(error) is type(error_torch) is TypeError
+    name = np.dtype(dtype).name
+    assert name in str(error) and name in str(error_torch)
+    assert ours.weight.dtype == np.float32
+
+
+def test_conversion_to_complex_is_a_type_error_as_the_kernels_are_real():
+    # torch takes it (complex modules are experimental there); RMSNorm's loops are real.
+    with pytest.raises(TypeError, match="complex64"):
+        rmsnorm.RMSNorm(3).to(np.complex64)
+
+
+def test_bfloat16_without_ml_dtypes_says_how_to_get_it():
+    code = (
+        "import sys; sys.modules['ml_dtypes'] = None\n"
+        "import rmsnorm\n"
+        "layer = rmsnorm.RMSNorm(4)\n"
+        "for convert in (layer.bfloat16, lambda: layer.to('bfloat16')):\n"
+        "    try:\n"
+        "        convert()\n"
+        "    except ImportError as error:\n"
+        "        assert 'ml_dtypes' in str(error), error\n"
+        "    else:\n"
+        "        raise SystemExit('no ImportError')\n"
+        "assert layer.weight.dtype == 'float32'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("conversion", ["double", "half"])
+def test_backward_after_a_conversion_uses_the_saved_input_like_torch(conversion):
+    ours, theirs = _torch_module_pair(6, np.float32, eps=1e-5)
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    grad_output = rng.standard_normal((4, 6)).astype(np.float32)
+    x_t = torch.from_numpy(x).clone().requires_grad_()
+    y_t = theirs(x_t)
+    ours(x)
+    getattr(ours, conversion)()
+    getattr(theirs, conversion)()
+    y_t.backward(torch.from_numpy(grad_output))
+    grad_input = ours.backward(grad_output)
+    # The input's gradient keeps the input's dtype in both; ours is computed
+    # with the converted weight (rounded, for half), torch's with the one the
+    # forward used.
+    assert grad_input.dtype == np.float32 == x_t.grad.numpy().dtype
+    tolerance = 1e-5 if conversion == "double" else 2e-3
+    assert_close_ulp(grad_input, x_t.grad.numpy(), rtol=tolerance, atol=tolerance,
+                     what=f"grad_input after {conversion}()")
+    # torch gives the gradient the forward's weight dtype; ours has the weight's.
+    assert ours.weight_grad.dtype == ours.weight.dtype
+    assert_close_ulp(ours.weight_grad.astype(np.float64), theirs.weight.grad.double().numpy(),
+                     rtol=tolerance, atol=tolerance, what=f"weight_grad after {conversion}()")
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_zero_grad_matches_torch(dtype, set_to_none):
+    ours, theirs = _torch_module_pair((2, 3), dtype)
+    _step_both(ours, theirs, seed=17, shape=(5, 2, 3))
+    before, before_torch = ours.weight_grad, theirs.weight.grad
+    assert ours.zero_grad(set_to_none=set_to_none) is None
+    theirs.zero_grad(set_to_none=set_to_none)
+    if set_to_none:
+        assert ours.weight_grad is None and theirs.weight.grad is None
+    else:
+        assert ours.weight_grad is before and theirs.weight.grad is before_torch
+        assert np.array_equal(ours.weight_grad, theirs.weight.grad.numpy())
+        assert np.array_equal(ours.weight_grad, np.zeros((2, 3)))
+    _step_both(ours, theirs, seed=18, shape=(5, 2, 3))
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="weight_grad after zero")
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad_before_any_backward_leaves_none_like_torch(set_to_none):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    ours.zero_grad(set_to_none=set_to_none)
+    theirs.zero_grad(set_to_none=set_to_none)
+    assert ours.weight_grad is None and theirs.weight.grad is None
+
+
+NOT_ARRAYS = {
+    "list": [1.0, 2.0, 3.0],
+    "tuple": (1.0, 2.0, 3.0),
+    "str": "abc",
+    "int": 3,
+    "float": 1.5,
+    "dict": {"weight": 1.0},
+}
+
+
+@pytest.mark.parametrize("value", NOT_ARRAYS.values(), ids=NOT_ARRAYS)
+def test_assigning_a_weight_that_is_not_an_array_is_torchs_type_error(value):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    before = ours.weight
+    error = _raised(lambda: setattr(ours, "weight", value))
+    error_torch = _raised(lambda: setattr(theirs, "weight", value))
+    assert type(error) is type(error_torch) is TypeError
+    # torch expects a Parameter where we expect an ndarray; the rest is the same.
+    assert str(error).split(" (")[0] == str(error_torch).split(" (")[0]
+    assert str(error).startswith(f"cannot assign '{type(value).__name__}' as parameter 'weight'")
+    assert "numpy.ndarray or None expected" in str(error)
+    assert ours.weight is before
+
+
+def test_assigning_a_torch_tensor_names_its_type():
+    with pytest.raises(TypeError, match=r"cannot assign 'torch\.Tensor' as parameter 'weight'"):
+        rmsnorm.RMSNorm(3).weight = torch.ones(3)
+
+
+@pytest.mark.parametrize("shape", [(4,), (1, 3), (3, 1), ()], ids=str)
+def test_assigning_a_weight_of_another_shape_is_a_value_error_in_torchs_words(shape):
+    ours, theirs = _torch_module_pair(3, np.float32)
+    before = ours.weight.copy()
+    error = _raised(lambda: setattr(ours, "weight", np.ones(shape, np.float32)))
+    # torch takes the parameter and fails in the forward, with the same text.
+    theirs.weight = torch.nn.Parameter(torch.ones(shape))
+    error_torch = _raised(lambda: theirs(torch.ones(2, 3)))
+    assert type(error) is ValueError and type(error_torch) is RuntimeError
+    assert str(error) == str(error_torch)
+    assert np.array_equal(ours.weight, before)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_], ids=dtype_id)
+def test_assigning_a_weight_of_a_non_floating_dtype_is_rejected_like_torch(dtype):
+    ours = rmsnorm.RMSNorm(3)
+    with pytest.raises(TypeError, match=np.dtype(dtype).name):
+        ours.weight = np.ones(3, dtype)
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.nn.Parameter(torch.ones(3, dtype=getattr(torch, np.dtype(dtype).name)))
+    assert ours.weight.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.longdouble, object], ids=dtype_id)
+def test_assigning_a_weight_of_a_dtype_rmsnorm_does_not_compute_with_is_a_type_error(dtype):
+    with pytest.raises(TypeError, match=np.dtype(dtype).name):
+        rmsnorm.RMSNorm(3).weight = np.ones(3, dtype)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_assigning_none_removes_the_weight_like_torch(affine):
+    ours, theirs = _torch_module_pair(4, np.float32, affine=affine)
+    _step_both(ours, theirs, seed=19, shape=(2, 4))
+    ours.weight = None
+    theirs.weight = None
+    assert ours.weight is None and theirs.weight is None
+    assert list(ours.named_parameters()) == list(theirs.named_parameters()) == []
+    assert dict(ours.state_dict()) == dict(theirs.state_dict()) == {}
+    x = np.random.default_rng(20).standard_normal((2, 4)).astype(np.float32)
+    assert_forward_close(ours(x), theirs(torch.from_numpy(x)).detach().numpy(),
+                         what="output without weight")
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=dtype_id)
+def test_an_assigned_weight_is_used_and_differentiated_like_torch(affine, dtype):
+    ours, theirs = _torch_module_pair(6, np.float32, eps=1e-5, affine=affine)
+    weight = np.random.default_rng(21).standard_normal(6).astype(dtype)
+    ours.weight = weight
+    theirs.weight = torch.nn.Parameter(torch.from_numpy(weight.copy()))
+    assert ours.weight.dtype == dtype
+    assert [name for name, _ in ours.named_parameters()] == ["weight"]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    grad_input, grad_input_torch = _step_both(ours, theirs, seed=22)
+    assert_grad_close(grad_input, grad_input_torch, what="grad_input with an assigned weight")
+    assert ours.weight_grad.dtype == theirs.weight.grad.numpy().dtype == dtype
+    assert_close_ulp(ours.weight_grad.astype(np.float64), theirs.weight.grad.double().numpy(),
+                     rtol=1e-2 if dtype == np.float16 else 1e-5, atol=1e-2,
+                     what="weight_grad of an assigned weight")
+
+
+def test_assigning_a_weight_starts_a_new_gradient_like_torch():
+    ours, theirs = _torch_module_pair(3, np.float32)
+    _step_both(ours, theirs, seed=23, shape=(2, 3))
+    ours.weight = np.full(3, 2.0, np.float32)
+    theirs.weight = torch.nn.Parameter(torch.full((3,), 2.0))
+    assert ours.weight_grad is None and theirs.weight.grad is None
+
+
+def test_an_assigned_weight_is_a_copy_the_module_never_writes_through():
+    caller = np.array([0.5, -1.0, 2.0], np.float32)
+    caller.flags.writeable = False  # any write through the module would raise
+    ours = rmsnorm.RMSNorm(3)
+    ours.weight = caller
+    assert ours.weight is not caller and not np.shares_memory(ours.weight, caller)
+    assert np.array_equal(ours.weight, caller)
+    ours.reset_parameters()
+    ours.load_state_dict({"weight": np.full(3, 4.0)})
+    ours.weight -= 1
+    assert np.array_equal(caller, [0.5, -1.0, 2.0])
+    assert np.array_equal(ours.weight, [3.0, 3.0, 3.0])
+
+
+def test_an_assigned_weight_in_another_byte_order_is_stored_in_native_order():
+    caller = np.array([0.5, -1.0, 2.0], np.dtype(np.float32).newbyteorder())
+    ours = rmsnorm.RMSNorm(3)
+    ours.weight = caller
+    assert ours.weight.dtype == np.float32 and ours.weight.dtype.isnative
+    assert np.array_equal(ours.weight, caller)
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
+def test_second_backward_raises_like_torch(affine):
+    ours, theirs = _torch_module_pair(5, np.float32, affine=affine)
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    grad_output = rng.standard_normal((3, 5)).astype(np.float32)
+    y_t = theirs(torch.from_numpy(x).requires_grad_())
+    y_t.backward(torch.from_numpy(grad_output))
+    ours(x)
+    ours.backward(grad_output)
+    weight_grad = None if ours.weight_grad is None else ours.weight_grad.copy()
+    error = _raised(lambda: ours.backward(grad_output))
+    error_torch = _raised(lambda: y_t.backward(torch.from_numpy(grad_output)))
+    assert type(error) is type(error_torch) is RuntimeError
+    fragment = "Trying to backward through the graph a second time"
+    assert fragment in str(error) and fragment in str(error_torch)
+    if affine:
+        assert np.array_equal(ours.weight_grad, weight_grad)
+
+
+def test_forward_again_allows_another_backward_like_torch():
+    ours, theirs = _torch_module_pair(5, np.float32, eps=1e-5)
+    for seed in (25, 26):
+        grad_input, grad_input_torch = _step_both(ours, theirs, seed=seed, shape=(3, 5))
+        assert_grad_close(grad_input, grad_input_torch, what=f"grad_input of seed {seed}")
+    assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="two steps' weight_grad")
+
+
+def test_a_failed_backward_keeps_the_saved_input_like_torch():
+    ours, theirs = _torch_module_pair(3, np.float32)
+    x = np.random.default_rng(27).standard_normal((2, 3)).astype(np.float32)
+    x_t = torch.from_numpy(x).clone().requires_grad_()
+    y_t = theirs(x_t)
+    ours(x)
+    assert type(_raised(lambda: ours.backward(np.ones((4, 3), np.float32)))) is ValueError
+    assert type(_raised(lambda: y_t.backward(torch.ones(4, 3)))) is RuntimeError
+    grad_input = ours.backward(np.ones((2, 3), np.float32))
+    y_t.backward(torch.ones(2, 3))
+    assert_grad_close(grad_input, x_t.grad.numpy(), what="grad_input after a failed backward")
+
+
+def test_backward_lets_go_of_the_saved_input():
+    ours = rmsnorm.RMSNorm(3)
+    x = np.ones((2, 3), np.float32)
+    saved = weakref.ref(x)
+    ours(x)
+    ours.backward(np.ones((2, 3), np.float32))
+    del x
+    gc.collect()
+    assert saved() is None, "the module still holds the input after backward"
+
+
+ROUND_TRIPS = {"pickle": lambda module: pickle.loads(pickle.dumps(module)),
+               "deepcopy": copy.deepcopy}
+
+# (normalized_shape, dtype, eps, elementwise_affine, calls made before the copy)
+ROUND_TRIP_CONFIGS = {
+    "float32": ((2, 3), np.float32, 1e-5, True, ()),
+    "float64-eval": (6, np.float64, None, True, ("eval",)),
+    "no_weight": (6, np.float32, None, False, ()),
+    "requires_grad_off-eval": ((3, 2), np.float32, 1e-6, True, ("eval", "requires_grad_off")),
+}
+
+
+def _configured_pair(name):
+    normalized_shape, dtype, eps, affine, calls = ROUND_TRIP_CONFIGS[name]
+    ours, theirs = _torch_module_pair(normalized_shape, dtype, eps=eps, affine=affine, seed=28)
+    for module in (ours, theirs):
+        if "eval" in calls:
+            module.eval()
+        if "requires_grad_off" in calls:
+            module.requires_grad_(False)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("config", ROUND_TRIP_CONFIGS)
+@pytest.mark.parametrize("round_trip", ROUND_TRIPS)
+def test_round_trip_keeps_configuration_flags_and_weight_like_torch(round_trip, config):
+    ours, theirs = _configured_pair(config)
+    copied, copied_torch = ROUND_TRIPS[round_trip](ours), ROUND_TRIPS[round_trip](theirs)
+    assert repr(copied) == repr(copied_torch) == repr(ours)
+    assert copied.training is copied_torch.training is ours.training
+    weight_torch = copied_torch.weight
+    assert copied.weight_requires_grad is (weight_torch is None or weight_torch.requires_grad)
+    if ours.weight is None:
+        assert copied.weight is None and weight_torch is None
+    else:
+        assert copied.weight is not ours.weight
+        assert copied.weight.dtype == ours.weight.dtype
+        assert np.array_equal(copied.weight, ours.weight)
+        assert np.array_equal(copied.weight, weight_torch.detach().numpy())
+    x = np.random.default_rng(29).standard_normal((4,) + ours.normalized_shape)
+    x = x.astype(np.float32 if ours.weight is None else ours.weight.dtype)
+    assert np.array_equal(copied(x), ours(x))
+
+
+@pytest.mark.parametrize("round_trip", ROUND_TRIPS)
+def test_round_trip_drops_weight_grad_like_torch(round_trip):
+    ours, theirs = _torch_module_pair(4, np.float32)
+    _step_both(ours, theirs, seed=30, shape=(2, 4))
+    assert ours.weight_grad is not None and theirs.weight.grad is not None
+    assert ROUND_TRIPS[round_trip](ours).weight_grad is None
+    assert ROUND_TRIPS[round_trip](theirs).weight.grad is None
+    assert ours.weight_grad is not None
+
+
+@pytest.mark.parametrize("round_trip", ROUND_TRIPS)
+def test_round_trip_drops_the_saved_input_and_the_original_keeps_it(round_trip):
+    ours = rmsnorm.RMSNorm(4)
+    x = np.random.default_rng(31).standard_normal((2, 4)).astype(np.float32)
+    ours(x)
+    copied = ROUND_TRIPS[round_trip](ours)
+    with pytest.raises(ValueError, match="before forward"):
+        copied.backward(np.ones((2, 4), np.float32))
+    expected, _ = rmsnorm.rms_norm_backward(np.ones((2, 4), np.float32), x, 4, ours.weight)
+    assert np.array_equal(ours.backward(np.ones((2, 4), np.float32)), expected)
+
+
+def test_shallow_copy_shares_the_weight_like_torch():
+    ours, theirs = _torch_module_pair(4, np.float32)
+    assert copy.copy(ours).weight is ours.weight
+    assert copy.copy(theirs).weight is theirs.weight
+
+
+def test_pickle_after_a_forward_on_a_large_batch_is_small():
+    ours = rmsnorm.RMSNorm(1024)
+    x = np.ones((4096, 1024), np.float32)  # 16 MiB
+    ours(x)
+    ours.backward(x)  # a weight_grad as large as the weight, which pickle leaves out too
+    ours(x)
+    size = len(pickle.dumps(ours))
+    # The weight (4 KiB) and a little configuration: neither x nor weight_grad.
+    assert size < ours.weight.nbytes + 2048, f"pickled RMSNorm is {size} bytes"

@@ -67,6 +67,19 @@ def layer_step(x: NDArray[np.float32]) -> float:
     return float(np.abs(grad_input).max())
 
 
+def layer_as_a_torch_module(x: NDArray[np.float64]) -> int:
+    # torch.nn.Module's methods that return the module keep its type.
+    layer = rmsnorm.RMSNorm(x.shape[-1]).double().eval().requires_grad_(False)
+    assert_type(layer, rmsnorm.RMSNorm)
+    assert not layer.training and not layer.weight_requires_grad
+    layer.backward(np.ones_like(layer(x)))
+    layer.zero_grad(set_to_none=False)
+    count = len(list(layer.parameters()))
+    assert [name for name, _ in layer.named_parameters()] == ["weight"]
+    layer.weight = None
+    return count + len(list(layer.parameters()))
+
+
 def threads() -> int:
     before: int = rmsnorm.get_num_threads()
     rmsnorm.set_num_threads(1)
@@ -101,6 +114,8 @@ def mistakes_the_stubs_reject() -> None:
     rmsnorm.rms_norm(np.ones(3), "3")  # type: ignore[arg-type]
     rmsnorm.RMSNorm(3, elementwise_affine="yes")  # type: ignore[arg-type]
     count: str = rmsnorm.get_num_threads()  # type: ignore[assignment]
+    rmsnorm.RMSNorm(3).train("yes")  # type: ignore[arg-type]
+    rmsnorm.RMSNorm(3).weight = [1.0, 2.0, 3.0]  # type: ignore[assignment]
     del count
 
 
@@ -114,6 +129,7 @@ def main() -> None:
     assert grad_input.dtype == np.float64 and grad_weight.shape == (8,)
     assert gufuncs(x32, ones32).shape == x32.shape
     assert layer_step(x32) >= 0.0
+    assert layer_as_a_torch_module(x64) == 1
     assert threads() >= 1
     assert half_precision(x32.astype(np.float16)).dtype == np.float16
     assert against_the_reference(x32) < 1e-5
