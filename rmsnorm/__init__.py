@@ -8,7 +8,10 @@
 - ``reference``: a plain float64 NumPy implementation, the independent check.
 
 float16, float32 and float64 arrays work as they are; bfloat16 works when the
-optional package ml_dtypes is installed (``pip install 'rmsnorm[bfloat16]'``).
+optional package ml_dtypes is installed (``pip install 'rmsnorm[bfloat16]'``),
+and ``rmsnorm.bfloat16`` is then its scalar type. ``help(rmsnorm.forward)``
+lists every loop, as (x, weight, eps) dtypes. ``forward.types`` cannot show the
+bfloat16 ones: NumPy lists only its built-in dtypes there.
 """
 
 from . import reference
@@ -19,7 +22,12 @@ from .module import RMSNorm
 
 
 def __getattr__(name: str):
-    # rmsnorm.bfloat16 is ml_dtypes.bfloat16, or an ImportError saying how to get it.
+    """``rmsnorm.bfloat16``: ml_dtypes.bfloat16, looked up on first use.
+
+    Without ml_dtypes it raises an ImportError that says how to get it,
+    rather than failing ``import rmsnorm``. Python calls this module-level
+    ``__getattr__`` (PEP 562) only for names the module does not define.
+    """
     if name == "bfloat16":
         from ._dtypes import resolve_dtype
 
