@@ -1,11 +1,14 @@
 """Regenerates the figures (and the timing table) of the study-drill answers.
 
-Run from the repository root, with rmsnorm importable and matplotlib installed::
+Run from the repository root, with rmsnorm importable and matplotlib installed
+(``pip install -e ".[plots]"``)::
 
-    python docs/make_figures.py                # everything, about half a minute
-    python docs/make_figures.py --skip-timing  # only the figures that do not time anything
+    python docs/make_figures.py                    # everything, about half a minute
+    python docs/make_figures.py --skip-timing      # only the figures that do not time anything
+    python docs/make_figures.py --out docs/figures # replace the figures the docs show
 
-It writes into ``docs/figures/``:
+It writes into ``build/figures/`` unless ``--out`` names another folder, so
+that a trial run leaves the tracked figures in ``docs/figures/`` alone:
 
 - ``jacobian_singular_values.png`` (L3.3): the singular values of RMSNorm's
   Jacobian, built from ``rmsnorm.backward``, against ``||x||``.
@@ -27,9 +30,8 @@ import argparse
 import datetime
 import os
 import platform
-import time
-
 import sys
+import time
 
 import numpy as np
 
@@ -39,7 +41,13 @@ except ImportError:  # run as `python docs/make_figures.py` from a checkout buil
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import rmsnorm
 
-FIGURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures")
+DOCS_DIR = os.path.dirname(os.path.abspath(__file__))
+# build/ is ignored by git: running the script changes nothing tracked unless --out says so.
+DEFAULT_OUT = os.path.join(os.path.dirname(DOCS_DIR), "build", "figures")
+PLOTS_MISSING = (
+    'matplotlib is not installed: pip install "rmsnorm[plots]", or pip install -e ".[plots]" '
+    "in a checkout (the plots extra; pip install matplotlib also does)"
+)
 
 
 # --- the two normalisations, written the same way -----------------------------------------
@@ -304,12 +312,20 @@ def figure_timing(plt, path, table_path, d=4096):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=FIGURES_DIR, help="folder for the PNGs (default: docs/figures)")
+    parser = argparse.ArgumentParser(prog="python docs/make_figures.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help="folder for the PNGs and norm_timing.md, created if need be "
+                             f"(default: {os.path.relpath(DEFAULT_OUT, os.path.dirname(DOCS_DIR))}, "
+                             "which git ignores; docs/figures replaces the figures the docs show)")
     parser.add_argument("--skip-timing", action="store_true", help="skip the timing figure and table")
     args = parser.parse_args(argv)
 
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"make_figures.py: {PLOTS_MISSING}", file=sys.stderr)
+        return 1
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -320,7 +336,8 @@ def main(argv=None):
     if not args.skip_timing:
         figure_timing(plt, os.path.join(args.out, "norm_timing.png"), os.path.join(args.out, "norm_timing.md"))
     print(f"figures written to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import doctest
 import inspect
 import pydoc
+import re
 
 import numpy as np
 import pytest
@@ -92,3 +93,31 @@ def test_docstring_example_runs(name, docstring):
     runner.run(test, out=report.append)
     assert runner.failures == 0, "".join(report)
     assert runner.tries > 0
+
+
+LOOP_LINE = re.compile(r"^\s*(\w+) x: (\w+)(?: or (\w+))? weight, (\w+) eps\b", re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", sorted(GUFUNC_ARGUMENTS))
+def test_help_on_a_gufunc_lists_every_loop(name):
+    """The loop table in the docstring is the C extension's, bfloat16's included."""
+    doc = getattr(rmsnorm, name).__doc__
+    listed = []
+    for x, weight, wider_weight, eps in LOOP_LINE.findall(doc):
+        listed += [(x, weight, eps)] + ([(x, wider_weight, eps)] if wider_weight else [])
+    assert listed == list(rmsnorm._core.dtype_pairs), (
+        f"help({name}) lists the loops {listed}, the extension has {rmsnorm._core.dtype_pairs}")
+    # .types cannot show bfloat16's loops, whatever is installed: the help says so.
+    assert not any("bfloat16" in loop for loop in getattr(rmsnorm, name).types)
+    assert f"{name}.types" in doc and "never show the bfloat16 loops" in doc
+
+
+def test_help_on_the_package_says_where_the_loops_are_listed():
+    doc = inspect.getdoc(rmsnorm)
+    assert "help(rmsnorm.forward)" in doc and "forward.types" in doc and "bfloat16" in doc
+
+
+def test_module_getattr_is_documented():
+    """help(rmsnorm) shows __getattr__ among the functions: it must say what it is for."""
+    doc = inspect.getdoc(rmsnorm.__getattr__)
+    assert doc and "rmsnorm.bfloat16" in doc

@@ -1,17 +1,20 @@
-"""``import rmsnorm`` and ``python -m rmsnorm`` need no torch.
+"""``import rmsnorm`` and ``python -m rmsnorm`` need no torch, and an unbuilt
+source tree says what to do.
 
 Each check runs a fresh interpreter in which ``import torch`` fails
 (``sys.modules['torch'] = None`` before anything else runs), as if torch
-were not installed.
+were not installed, or one that sees only NumPy and a copy of the package.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import rmsnorm
@@ -87,3 +90,24 @@ def test_demo_runs_with_torch():
 def test_version_is_a_non_empty_string():
     assert isinstance(rmsnorm.__version__, str)
     assert rmsnorm.__version__.strip()
+
+
+def test_import_from_an_unbuilt_source_tree_says_how_to_build_it(tmp_path):
+    """The repository root after ``pip install .``: its rmsnorm/ shadows the installed one."""
+    shutil.copytree(os.path.dirname(os.path.abspath(rmsnorm.__file__)), tmp_path / "rmsnorm",
+                    ignore=shutil.ignore_patterns("_core.*.so", "_core.*.pyd", "__pycache__"))
+    assert not list((tmp_path / "rmsnorm").glob("_core.*.so"))
+    # -S: no site module, so no .pth file (an editable install's import hook
+    # among them) can supply rmsnorm._core; NumPy comes from PYTHONPATH, and
+    # the copy from the working directory, first on the path.
+    numpy_parent = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))
+    result = subprocess.run([sys.executable, "-S", "-c", "import rmsnorm"], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": numpy_parent})
+    assert result.returncode == 1, result.stdout + result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: rmsnorm's C extension (rmsnorm._core) is not built"), (
+        result.stderr)
+    assert str(tmp_path / "rmsnorm") in message
+    assert "`pip install -e .`" in message and "outside the source tree" in message
+    assert "ModuleNotFoundError" not in result.stderr

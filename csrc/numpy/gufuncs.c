@@ -125,6 +125,24 @@ static int backward_dtypes(rms_type type, int *types)
 
 #define MAX_OPERANDS 6
 
+/*
+ * The loops as the docstrings list them, one line per input dtype, in
+ * kernels/types.h's order (tests/test_docstrings.py checks the two agree).
+ * forward.types cannot show the bfloat16 ones: they are registered for
+ * ml_dtypes' type at run time, and NumPy lists built-in types only.
+ */
+#define LOOPS_DOC                                                                          \
+    "Loops, as (x, weight, eps) dtypes, in the order NumPy tries them (it\n"               \
+    "takes the first that the operands cast to safely):\n"                                 \
+    "\n"                                                                                   \
+    "    float16 x: float16 or float32 weight, float32 eps\n"                              \
+    "    float32 x: float32 or float64 weight, float32 eps\n"                              \
+    "    float64 x: float64 weight, float64 eps\n"                                         \
+    "    bfloat16 x: bfloat16 or float32 weight, float32 eps (with ml_dtypes)\n"           \
+    "\n"                                                                                   \
+    "forward.types and backward.types list NumPy's built-in dtypes only, so\n"             \
+    "they never show the bfloat16 loops; rmsnorm._core.dtype_pairs lists all.\n"
+
 typedef struct {
     const char *name;
     const char *signature;
@@ -150,12 +168,7 @@ static const gufunc_descriptor gufuncs[] = {
      "result rounded once. eps is not optional here: rmsnorm.rms_norm fills\n"
      "in torch's default (the machine epsilon of the compute type).\n"
      "\n"
-     "Loops (x, weight, eps): float16 with float16 or float32 weight,\n"
-     "float32 with float32 or float64, float64 with float64, and, once\n"
-     "ml_dtypes is installed, bfloat16 with bfloat16 or float32; eps is\n"
-     "float64 for float64 x and float32 otherwise. forward.types lists\n"
-     "NumPy's built-in dtypes only, so it never shows the bfloat16 loops;\n"
-     "rmsnorm._core.dtype_pairs lists them all.\n"
+     LOOPS_DOC
      "\n"
      "Parameters\n"
      "----------\n"
@@ -184,7 +197,10 @@ static const gufunc_descriptor gufuncs[] = {
      "    grad_weight = sum over the m rows of grad_output * x_hat\n"
      "\n"
      "grad_weight is summed inside the loop, never stored per row, and is the\n"
-     "same bytes for any number of threads. The loops are forward's.\n"
+     "same bytes for any number of threads. grad_output and grad_input\n"
+     "have x's dtype, grad_weight the weight's.\n"
+     "\n"
+     LOOPS_DOC
      "\n"
      "Returns\n"
      "-------\n"
