@@ -87,10 +87,23 @@ def test_torch_is_only_a_pinned_test_dependency(project):
 def test_optional_extras(project):
     extras = project["optional-dependencies"]
     assert requirement_names(extras["bfloat16"]) == ["ml_dtypes"]
-    assert requirement_names(extras["dask"]) == ["dask"]
+    assert requirement_names(extras["dask"]) == ["dask", "distributed", "zarr"]
+    assert requirement_names(extras["xarray"]) == ["xarray", "dask"]
     # The test extra has what the suite's optional tests import.
     for needed in ["pytest", "hypothesis", "dask", "xarray", "zarr", "mypy", "build"]:
         assert needed in requirement_names(extras["test"]), f"{needed} missing from the test extra"
+
+
+def test_the_test_extra_runs_every_example(project):
+    # The suite runs the examples of the README and docs/, each of which
+    # names the extra it needs; all but the benchmark's peers and the
+    # plotting library come with the test extra.
+    extras = project["optional-dependencies"]
+    for extra, requirements in extras.items():
+        if extra not in ("test", "bench", "plots"):
+            for name in requirement_names(requirements):
+                assert name in requirement_names(extras["test"]), (
+                    f"{name}, of the {extra} extra, is missing from the test extra")
 
 
 def test_build_uses_numpy_2_headers(pyproject):
