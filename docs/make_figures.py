@@ -20,8 +20,8 @@ that a trial run leaves the tracked figures in ``docs/figures/`` alone:
 
 Everything random is seeded. The timings depend on the machine; the other
 two figures do not. The helpers at the top need only NumPy and rmsnorm (no
-matplotlib), so the doctests in ``docs/*.md`` import them and check that the
-figures show what the text says.
+matplotlib), so ``tests/test_docs_figures.py`` imports them and checks that
+the figures show what the pages say.
 """
 
 from __future__ import annotations

@@ -64,11 +64,24 @@ def test_classifiers_agree_with_requires_python(project):
 
 
 def test_project_urls(project):
-    urls = project.get("urls")
-    if not urls:
-        pytest.skip("no [project.urls] yet: the project has no public home to point at")
+    urls = project["urls"]
+    assert {"Repository", "Documentation"} <= set(urls)
     for name, url in urls.items():
         assert url.startswith("https://"), f"{name}: {url}"
+    assert urls["Documentation"].startswith(urls["Repository"] + "/")
+
+
+def test_readme_links_work_on_a_package_index(project):
+    # The README is the package's long description: a package index shows it
+    # away from the repository, where a relative link or image leads nowhere.
+    with open(os.path.join(ROOT, project["readme"]), encoding="utf-8") as file:
+        targets = re.findall(r"\]\(([^)\s]+)\)", file.read())
+    assert targets, "the README links to nothing"
+    relative = [target for target in targets if not target.startswith("https://")]
+    assert not relative, f"relative links in the README: {relative}"
+    repository = project["urls"]["Repository"]
+    elsewhere = [t for t in targets if "github.com" in t and not t.startswith(repository)]
+    assert not elsewhere, f"links to GitHub outside {repository}: {elsewhere}"
 
 
 def test_numpy_is_the_only_runtime_requirement(project):
@@ -87,10 +100,23 @@ def test_torch_is_only_a_pinned_test_dependency(project):
 def test_optional_extras(project):
     extras = project["optional-dependencies"]
     assert requirement_names(extras["bfloat16"]) == ["ml_dtypes"]
-    assert requirement_names(extras["dask"]) == ["dask"]
+    assert requirement_names(extras["dask"]) == ["dask", "distributed", "zarr"]
+    assert requirement_names(extras["xarray"]) == ["xarray", "dask"]
     # The test extra has what the suite's optional tests import.
     for needed in ["pytest", "hypothesis", "dask", "xarray", "zarr", "mypy", "build"]:
         assert needed in requirement_names(extras["test"]), f"{needed} missing from the test extra"
+
+
+def test_the_test_extra_runs_every_example(project):
+    # The suite runs the examples of the README and docs/, each of which
+    # names the extra it needs; all but the benchmark's peers and the
+    # plotting library come with the test extra.
+    extras = project["optional-dependencies"]
+    for extra, requirements in extras.items():
+        if extra not in ("test", "bench", "plots"):
+            for name in requirement_names(requirements):
+                assert name in requirement_names(extras["test"]), (
+                    f"{name}, of the {extra} extra, is missing from the test extra")
 
 
 def test_build_uses_numpy_2_headers(pyproject):
