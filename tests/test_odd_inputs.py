@@ -22,6 +22,7 @@ import pytest
 import rmsnorm
 from closeness import assert_close_ulp
 from rmsnorm import reference
+from rmsnorm._dtypes import BF16
 from test_bad_inputs import Caller
 
 F32, F64 = np.float32, np.float64
@@ -497,3 +498,37 @@ def test_float64_backward_past_2_996_on_every_instruction_set(isa, restore_isa):
     unit = float(np.finfo(F64).eps)
     assert_close_ulp(np.ldexp(grad_input, 1000), expected, rtol=4 * unit,
                      atol=4 * unit * np.abs(expected).max(), what=f"grad_input on {isa}")
+
+
+# ---------------------------------------------------------------------------
+# Infinite weights in mixed precision, and 16-bit products past float's
+# range: each instruction set's kernels take their own path here.
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("isa", _isas())
+def test_float32_input_with_infinite_float64_weights_gives_signed_infinities(isa, restore_isa):
+    """y = x_hat * w is +-inf for an infinite weight where x_hat != 0, as in
+    torch (whose float64 weight promotes the output; ours keeps float32)."""
+    rmsnorm._core._set_isa(isa)
+    x = np.array([[1.0, 2.0, -3.0, 4.0]], F32)
+    weight = np.array([-np.inf, np.inf, np.inf, 1.0])
+    y = rmsnorm.forward(x, weight, F32(1e-6))
+    finite = rmsnorm.forward(x, np.ones(4), F32(1e-6))
+    assert y[0, :3].tolist() == [-np.inf, np.inf, -np.inf], f"on {isa}: {y}"
+    assert y[0, 3] == finite[0, 3]
+
+
+@pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
+@pytest.mark.parametrize("isa", _isas())
+def test_bfloat16_grad_weight_where_grad_output_times_x_passes_float_range(isa, restore_isa):
+    """grad_output * x = 2^140 does not fit a float, yet grad_weight =
+    grad_output * x_hat (about 2^69.5) does."""
+    rmsnorm._core._set_isa(isa)
+    x = np.array([[2.0**70, 2.0**70, 1.0]]).astype(BF16)
+    grad = np.array([[2.0**70, 1.0, 1.0]]).astype(BF16)
+    _, grad_weight = rmsnorm.backward(grad, x, np.ones(3).astype(BF16), F32(1e-6))
+    _, expected = reference.rms_norm_backward(grad.astype(F64), x.astype(F64), 3,
+                                              np.ones(3), 1e-6)
+    assert np.all(np.isfinite(grad_weight.astype(F64))), f"on {isa}: {grad_weight}"
+    assert_close_ulp(grad_weight.astype(F64), expected, rtol=2.0**-7, atol=0.0,
+                     what=f"grad_weight on {isa}")

@@ -101,8 +101,9 @@ static inline float rms_float_round_to_odd(double d)
 /* hi + err, err below half an ulp of hi, rounded to odd as a double. */
 static inline double rms_double_round_to_odd(double hi, double err)
 {
-    if (!(err != 0.0)) {
-        return hi; /* exact, or NaN */
+    if (err == 0.0 || !isfinite(hi) || isnan(err)) {
+        return hi; /* exact, or infinite or NaN: an infinite weight makes err
+                      inf - inf, a NaN that may carry either sign */
     }
     uint64_t bits;
     memcpy(&bits, &hi, sizeof bits);

@@ -911,8 +911,10 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
  * float's 24 leave the gradient's own rounding the only error of note (the
  * accuracy table's 16-bit rows are unchanged). Converting every element to
  * double and back would cost twice the arithmetic. grad_weight still sums
- * in double, where the rows add up: x * grad_output is exact in float, and
- * inv_rms joins it there.
+ * in double, where the rows add up, and inv_rms joins x * grad_output there.
+ * That product is exact in float for float16 (2^-48 to 2^32 in magnitude);
+ * bfloat16 has float's range, so two of them can overflow or underflow a
+ * float, and their product is formed in double.
  */
 RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const char *grad_output,
                                                 ptrdiff_t grad_output_stride, const char *x,
@@ -928,11 +930,14 @@ RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const 
     const rms_vf x_hat = rms_vf_mul(xv, inv_rms);
     const rms_vf g = rms_vf_mul(grad_output_v, wv);
     const rms_vf out = rms_vf_mul(inv_rms, rms_vf_fma(x_hat, minus_mean_g_x_hat, g));
-    const rms_vf grad_output_x = rms_vf_mul(grad_output_v, xv); /* exact */
+    const rms_vf grad_output_x = rms_vf_mul(grad_output_v, xv); /* exact for float16 */
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
-        gw.part[h] = rms_vd_muladd(rms_vd_widen(grad_output_x, h), inv_rms_double, gw.part[h]);
+        const rms_vd product =
+            xk == RMS_KIND_F16 ? rms_vd_widen(grad_output_x, h)
+                               : rms_vd_mul(rms_vd_widen(grad_output_v, h), rms_vd_widen(xv, h));
+        gw.part[h] = rms_vd_muladd(product, inv_rms_double, gw.part[h]);
     }
     rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
     rms_store_floats(xk, grad_input, grad_input_stride, count, out, stream);
