@@ -33,9 +33,16 @@ flags=(-g -O1 -std=c11 -pthread -ffp-contract=off -fno-math-errno
        -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -fno-sanitize-coverage=trace-cmp -DRMS_FUZZ_STRICT="${FUZZ_STRICT:-0}")
 
+# One compiler per kernel file at a time, side by side: the instruction-set
+# files take minutes each under the sanitizers.
+pids=()
 for source in csrc/kernels/*.c; do
     name="$(basename "$source" .c)"
-    "$clang" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$source" -o "$build/$name.o"
+    "$clang" "${flags[@]}" -fsanitize=fuzzer-no-link -c "$source" -o "$build/$name.o" &
+    pids+=("$!")
+done
+for pid in "${pids[@]}"; do
+    wait "$pid"
 done
 "$clang" "${flags[@]}" -fsanitize=fuzzer -Wall -Wextra tests/fuzz/fuzz_rms_norm.c \
     "$build"/*.o -lm -o "$build/fuzz_rms_norm"

@@ -2,40 +2,57 @@
  * libFuzzer harness for the RMSNorm row kernels (the C files of csrc/kernels, linked
  * directly: no Python, no NumPy).
  *
- * Each input decodes into one forward or backward problem: an element type,
- * an instruction set, a row count and length, element and row strides
- * (negative, zero, padded), eps, and the values themselves. The kernels'
- * results are checked against a scalar reference in long double written
- * here, and everything around the outputs is checked too: inputs unchanged,
- * gaps between strided output elements unchanged, and (under ASan) no byte
+ * Each input decodes into one forward or backward problem: an element type
+ * (every type of types.h: float16, bfloat16, float32 and float64 x, each with
+ * its own weight kind, and float16 and bfloat16 with a float32 weight,
+ * float32 with a float64 one), an instruction set, a row count and length,
+ * element and row strides (negative, zero, padded), eps, and the values
+ * themselves, with 0, +-inf and NaN among x and, separately, among the
+ * forward's weights. The kernels' results are checked against a scalar
+ * reference in long double written here (16-bit values are encoded, decoded
+ * and rounded here too, not by the kernels' own conversions), and
+ * everything around the outputs is checked too: inputs unchanged, gaps
+ * between strided output elements unchanged, and (under ASan) no byte
  * outside the buffers touched. A rare "big" input runs a problem large
  * enough for the thread pool and checks that 1 and k threads give the same
  * bytes.
  *
  * Build and run: .ci/fuzz.sh. Reproduce a crash: ./fuzz_rms_norm crash-<hash>.
  *
- * Accuracy checked (ULPs of the element type, against the long double
- * reference rounded to it):
- *   y:            1 (float32 x), 3 (float64 x)
- *   grad_input:   the same, plus 8 double roundings of the terms it is the
- *                 difference of (it cancels)
- *   grad_weight:  the same, plus (rows + 2) double roundings of its sum
- * plus, for float64, the absolute error of a subnormal x_hat = x * inv_rms
- * (2^-1075) times what multiplies it afterwards (the weight, grad_output,
- * mean(g * x_hat)): the kernels round x_hat first, in torch's order.
+ * Accuracy checked:
+ *   y:            the exact result rounded once to the output type (0.5 ULP),
+ *                 for every type and instruction set: y must equal the long
+ *                 double reference rounded to the type, except where the
+ *                 reference (good to 2^-59, relative) is too close to a
+ *                 rounding boundary to tell, where either neighbour passes.
+ *                 For float64, plus the absolute error of subnormal
+ *                 intermediates: x_hat = x * inv_rms (2^-1075 times the
+ *                 weight; the kernels round x_hat first, in torch's order)
+ *                 and u_lo * w (2^-1075). An infinite weight gives +-inf
+ *                 where x_hat (x * inv_rms, in double) is not 0, and NaN where
+ *                 it is 0, as torch does.
+ *   grad_input:   1 ULP (16- and 32-bit x), 3 ULP (float64 x), plus 8
+ *                 roundings of the terms it is the difference of (it
+ *                 cancels): double roundings, or float roundings for 16-bit x
+ *                 (worked in float where fused multiply-adds exist)
+ *   grad_weight:  the same ULPs, plus (rows + 2) double roundings of its sum
+ * plus, in the backward, the absolute error of subnormal intermediates: of
+ * a subnormal double (2^-1075) times what multiplies it afterwards (the
+ * weight, grad_output, mean(g * x_hat)); for 16-bit x, of a subnormal float
+ * (2^-150) likewise.
  *
- * Three regimes are known to be off and are skipped unless compiled with
- * -DRMS_FUZZ_STRICT=1 (FUZZ_STRICT=1 .ci/fuzz.sh):
- *   - float32 x where x * inv_rms or y is below 2^-100: the float write pass
- *     loses its low part (tests/test_properties.py, xfail);
- *   - an infinite weight: y is NaN where torch gives +-inf, when the low
- *     part of x * inv_rms is 0 (0 * inf) (tests/test_odd_inputs.py, xfail);
- *   - float64 rows whose 1 / rms exceeds DBL_MAX (all-subnormal rows with
- *     eps = 0): inv_rms itself is not representable; and rows whose 1 / rms
- *     is below DBL_MIN (an RMS past 2^1022): inv_rms is subnormal and y a
- *     few ULP off (tests/test_odd_inputs.py, xfail);
- *   - float64 rows holding |x| > 2^996 on the baseline kernels (no FMA):
- *     Dekker's split of x overflows, y is NaN (tests/test_odd_inputs.py, xfail).
+ * Known gaps. Each is allowed for, or skipped, unless compiled with
+ * -DRMS_FUZZ_STRICT=1 (FUZZ_STRICT=1 .ci/fuzz.sh) or with its own macro set
+ * to 0. Both concern float64 rows at the edges of the range:
+ *   - FUZZ_ALLOW_F64_SUBNORMAL_INV_RMS (allowed for, to a looser bound):
+ *     float64 rows whose inv_rms is below 2^-969 (an RMS past 2^969): its
+ *     low part, and below DBL_MIN (an RMS past 2^1022) all of it, is rounded
+ *     to the subnormal grid. Allowed: |x * weight| * 2^-1074, up to about
+ *     4 ULP for an RMS near 2^1024 (tests/test_odd_inputs.py,
+ *     float64_rows_near_max, xfail at 1 ULP).
+ *   - FUZZ_SKIP_F64_INV_RMS_HUGE (skipped): float64 rows whose 1 / rms
+ *     exceeds DBL_MAX (all-subnormal rows with eps = 0): inv_rms overflows
+ *     to inf and the whole row of y is NaN where the exact result is finite.
  */
 #include <float.h>
 #include <math.h>
@@ -45,14 +62,32 @@
 #include <string.h>
 
 #include "../../csrc/kernels/kernels.h"
+#include "../../csrc/kernels/rms_norm.h"
 #include "../../csrc/kernels/thread_pool.h"
 
 #ifndef RMS_FUZZ_STRICT
 #define RMS_FUZZ_STRICT 0
 #endif
+#ifndef FUZZ_ALLOW_F64_SUBNORMAL_INV_RMS
+#define FUZZ_ALLOW_F64_SUBNORMAL_INV_RMS (!RMS_FUZZ_STRICT)
+#endif
+#ifndef FUZZ_SKIP_F64_INV_RMS_HUGE
+#define FUZZ_SKIP_F64_INV_RMS_HUGE (!RMS_FUZZ_STRICT)
+#endif
 
 /* 4 * 2^-1075: a few roundings of a subnormal double, in absolute terms. */
 #define SUBNORMAL_FLOOR 0x1p-1073L
+/* The same for a subnormal float (4 * 2^-150). */
+#define FLOAT_SUBNORMAL_FLOOR 0x1p-148L
+/* float64 inv_rms (hi + lo) rounded to the subnormal grid, in absolute
+   terms: its low part is subnormal below 2^-969, and all of it below
+   2^-1022. */
+#define INV_RMS_FLOOR 0x1p-1074L
+/* How far the forward's long double reference may be from the exact
+   result, relative: a compensated sum, and a few more roundings (2^-64
+   each) for the squares of float64 x, the mean, eps, sqrt, 1 / and the two
+   products. 32 of them is generous. */
+#define REFERENCE_ERROR 0x1p-59L
 
 /* ---- reading the fuzzer's bytes ------------------------------------------ */
 
@@ -91,9 +126,13 @@ typedef struct {
 } value_class;
 
 static const value_class MODERATE = {-30, 30, 0};
-static const value_class FLOAT32_RANGE = {-150, 127, 0}; /* subnormals, overflow to inf */
+static const value_class FLOAT32_RANGE = {-150, 127, 0}; /* subnormals */
 static const value_class WIDE = {-600, 600, 0};
 static const value_class EXTREME = {-1074, 1023, 0};
+/* float16: moderate, and its whole range (subnormals, and overflow to inf
+   at the top when the mantissa rounds up) */
+static const value_class HALF_MODERATE = {-12, 12, 0};
+static const value_class HALF_RANGE = {-25, 15, 0};
 
 static double make_value(input *in, value_class range)
 {
@@ -114,63 +153,151 @@ static double make_value(input *in, value_class range)
     return negative ? -value : value;
 }
 
+/* ---- storage kinds: the harness's own encodings and roundings ---------------- */
+
+typedef struct {
+    const char *name;
+    int size;      /* bytes */
+    int precision; /* significand bits */
+    int min_exponent, max_exponent; /* of normal numbers */
+} format;
+
+static const format FORMATS[] = {
+    [RMS_KIND_F32] = {"float32", 4, 24, -126, 127},
+    [RMS_KIND_F64] = {"float64", 8, 53, -1022, 1023},
+    [RMS_KIND_F16] = {"float16", 2, 11, -14, 15},
+    [RMS_KIND_BF16] = {"bfloat16", 2, 8, -126, 127},
+};
+
+static int kind_size(rms_kind kind) { return FORMATS[kind].size; }
+
+/* value rounded once to the kind, to nearest, ties to even, with the kind's
+   subnormals and overflow to inf. */
+static long double round_to(rms_kind kind, long double value)
+{
+    const format *f = &FORMATS[kind];
+    if (!isfinite(value) || value == 0) {
+        return value;
+    }
+    int exponent = ilogbl(value);
+    if (exponent < f->min_exponent) {
+        exponent = f->min_exponent;
+    }
+    int quantum = exponent - (f->precision - 1);
+    long double rounded = ldexpl(rintl(ldexpl(value, -quantum)), quantum);
+    long double largest = ldexpl(2.0L - ldexpl(1.0L, 1 - f->precision), f->max_exponent);
+    return fabsl(rounded) > largest ? copysignl(INFINITY, value) : rounded;
+}
+
+/* The spacing of the kind's values at |value| (value already rounded): the
+   spacing above it, and at the largest finite value for inf. */
+static long double ulp(rms_kind kind, long double value)
+{
+    const format *f = &FORMATS[kind];
+    int exponent = f->max_exponent;
+    if (isfinite(value)) {
+        exponent = value == 0 ? f->min_exponent : ilogbl(value);
+        exponent = exponent < f->min_exponent ? f->min_exponent : exponent;
+    }
+    return ldexpl(1.0L, exponent - (f->precision - 1));
+}
+
+static long double load(rms_kind kind, const char *p)
+{
+    uint16_t h;
+    uint32_t u;
+    float f;
+    double d;
+    switch (kind) {
+    case RMS_KIND_F16: {
+        memcpy(&h, p, 2);
+        int exponent = (h >> 10) & 0x1f;
+        long double magnitude;
+        if (exponent == 0x1f) {
+            magnitude = (h & 0x3ff) ? NAN : INFINITY;
+        }
+        else if (exponent == 0) {
+            magnitude = ldexpl(h & 0x3ff, -24);
+        }
+        else {
+            magnitude = ldexpl(0x400 | (h & 0x3ff), exponent - 25);
+        }
+        return h & 0x8000 ? -magnitude : magnitude;
+    }
+    case RMS_KIND_BF16:
+        memcpy(&h, p, 2);
+        u = (uint32_t)h << 16;
+        memcpy(&f, &u, 4);
+        return f;
+    case RMS_KIND_F32:
+        memcpy(&f, p, 4);
+        return f;
+    default:
+        memcpy(&d, p, 8);
+        return d;
+    }
+}
+
+static void store(rms_kind kind, char *p, long double value)
+{
+    const long double rounded = round_to(kind, value);
+    uint16_t h;
+    uint32_t u;
+    float f = (float)rounded; /* exact for every kind but float64 */
+    double d = (double)rounded;
+    switch (kind) {
+    case RMS_KIND_F16: {
+        const long double magnitude = fabsl(rounded);
+        h = signbit(rounded) ? 0x8000 : 0;
+        if (isnan(rounded)) {
+            h = 0x7e00;
+        }
+        else if (isinf(rounded)) {
+            h |= 0x7c00;
+        }
+        else if (magnitude < 0x1p-14L) {
+            h |= (uint16_t)(magnitude * 0x1p24L);
+        }
+        else {
+            int exponent = ilogbl(magnitude);
+            h |= (uint16_t)((exponent + 15) << 10);
+            h |= (uint16_t)((ldexpl(magnitude, -exponent) - 1) * 1024);
+        }
+        memcpy(p, &h, 2);
+        return;
+    }
+    case RMS_KIND_BF16:
+        memcpy(&u, &f, 4);
+        h = isnan(f) ? 0x7fc0 : (uint16_t)(u >> 16);
+        memcpy(p, &h, 2);
+        return;
+    case RMS_KIND_F32:
+        memcpy(p, &f, 4);
+        return;
+    default:
+        memcpy(p, &d, 8);
+        return;
+    }
+}
+
 /* ---- element types ----------------------------------------------------------- */
 
 typedef struct {
     rms_type type;
     const char *name;
-    int x_size, weight_size, eps_size; /* bytes: 4 float, 8 double */
+    rms_kind x, weight, eps;
 } fuzz_type;
 
-static const fuzz_type TYPES[] = {
-    {RMS_FLOAT32, "float32", 4, 4, 4},
-    {RMS_FLOAT64, "float64", 8, 8, 8},
-    {RMS_FLOAT32_WEIGHT64, "float32 x, float64 weight", 4, 8, 4},
-};
+/* Every type of types.h, in its order. */
+#define FUZZ_TYPE(name, x, weight)                                                         \
+    {RMS_##name, #name, RMS_KIND_##x, RMS_KIND_##weight,                                   \
+     RMS_KIND_##x == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32},
+static const fuzz_type TYPES[] = {RMS_FOR_EACH_TYPE(FUZZ_TYPE)};
+#undef FUZZ_TYPE
 #define NUM_TYPES ((int)(sizeof(TYPES) / sizeof(TYPES[0])))
 
-static long double load(const char *p, int size)
-{
-    if (size == 4) {
-        float f;
-        memcpy(&f, p, 4);
-        return f;
-    }
-    double d;
-    memcpy(&d, p, 8);
-    return d;
-}
-
-static void store(char *p, int size, long double value)
-{
-    if (size == 4) {
-        float f = (float)value;
-        memcpy(p, &f, 4);
-    }
-    else {
-        double d = (double)value;
-        memcpy(p, &d, 8);
-    }
-}
-
-static long double round_to(long double value, int size)
-{
-    return size == 4 ? (long double)(float)value : (long double)(double)value;
-}
-
-/* The spacing of `size`-byte floats at |value| (value already rounded). */
-static long double ulp(long double value, int size)
-{
-    value = fabsl(value);
-    if (size == 4) {
-        float f = isinf(value) ? FLT_MAX : (float)value;
-        float up = nextafterf(f, INFINITY);
-        return isinf(up) ? (long double)f - nextafterf(f, 0.0f) : (long double)up - f;
-    }
-    double d = isinf(value) ? DBL_MAX : (double)value;
-    double up = nextafter(d, INFINITY);
-    return isinf(up) ? (long double)d - nextafter(d, 0.0) : (long double)up - d;
-}
+/* Kinds whose every value is a float: the kernels' float write serves a type
+   whose x and weight both are. */
 
 /* ---- strided buffers ------------------------------------------------------------ */
 
@@ -180,12 +307,14 @@ typedef struct {
     char *block, *base, *copy;
     size_t bytes;
     ptrdiff_t row_stride, stride; /* elements */
+    rms_kind kind;
     int size;
 } operand;
 
 static void operand_init(operand *op, ptrdiff_t rows, ptrdiff_t n, ptrdiff_t row_stride,
-                         ptrdiff_t stride, int size)
+                         ptrdiff_t stride, rms_kind kind)
 {
+    const int size = kind_size(kind);
     ptrdiff_t lo = 0, hi = 0;
     if (rows > 0 && n > 0) {
         ptrdiff_t corners[4] = {0, (rows - 1) * row_stride, (n - 1) * stride,
@@ -204,6 +333,7 @@ static void operand_init(operand *op, ptrdiff_t rows, ptrdiff_t n, ptrdiff_t row
     op->base = op->block - lo * size;
     op->row_stride = row_stride;
     op->stride = stride;
+    op->kind = kind;
     op->size = size;
 }
 
@@ -212,10 +342,15 @@ static char *at(const operand *op, ptrdiff_t row, ptrdiff_t i)
     return op->base + (row * op->row_stride + i * op->stride) * op->size;
 }
 
+static long double value_at(const operand *op, ptrdiff_t row, ptrdiff_t i)
+{
+    return load(op->kind, at(op, row, i));
+}
+
 static void fill_values(operand *op, input *in, value_class range)
 {
     for (size_t offset = 0; offset < op->bytes; offset += (size_t)op->size) {
-        store(op->block + offset, op->size, make_value(in, range));
+        store(op->kind, op->block + offset, make_value(in, range));
     }
     memcpy(op->copy, op->block, op->bytes);
 }
@@ -251,9 +386,16 @@ static void print_row(const char *name, const operand *op, ptrdiff_t row)
     }
     fprintf(stderr, "  %s[%td] =", name, row);
     for (ptrdiff_t i = 0; i < failing_n && i < 64; i++) {
-        fprintf(stderr, " %.17Lg", load(at(op, op->row_stride ? row : 0, i), op->size));
+        fprintf(stderr, " %.17Lg", value_at(op, op->row_stride ? row : 0, i));
     }
     fprintf(stderr, failing_n > 64 ? " ...\n" : "\n");
+}
+
+static void print_rows(ptrdiff_t row)
+{
+    fprintf(stderr, "  problem: %s\n", problem_text);
+    print_row("x", failing_x, row);
+    print_row("weight", failing_weight, row);
 }
 
 static void fail(const char *what, ptrdiff_t row, ptrdiff_t i, long double actual,
@@ -261,17 +403,17 @@ static void fail(const char *what, ptrdiff_t row, ptrdiff_t i, long double actua
 {
     fprintf(stderr,
             "rms_norm fuzz: %s wrong at row %td, element %td: got %.21Lg, expected %.21Lg "
-            "(allowed error %.3Lg)\n  problem: %s\n",
-            what, row, i, actual, expected, allowed, problem_text);
-    print_row("x", failing_x, row);
-    print_row("weight", failing_weight, row);
+            "(allowed error %.3Lg)\n",
+            what, row, i, actual, expected, allowed);
+    print_rows(row);
     abort();
 }
 
+/* actual within ulps ULPs of exact rounded to the kind, plus extra. */
 static void check_value(const char *what, ptrdiff_t row, ptrdiff_t i, long double actual,
-                        long double exact, int size, long double ulps, long double extra)
+                        long double exact, rms_kind kind, long double ulps, long double extra)
 {
-    long double expected = round_to(exact, size);
+    long double expected = round_to(kind, exact);
     if (isnan(expected) || isnan(actual)) {
         if (!(isnan(expected) && isnan(actual))) {
             fail(what, row, i, actual, expected, 0);
@@ -281,16 +423,51 @@ static void check_value(const char *what, ptrdiff_t row, ptrdiff_t i, long doubl
     if (isinf(expected) || isinf(actual)) {
         /* The largest finite value and inf are the two sides of overflow. */
         long double finite = isinf(actual) ? expected : actual;
-        long double largest = size == 4 ? FLT_MAX : DBL_MAX;
+        long double largest = ldexpl(2.0L - ldexpl(1.0L, 1 - FORMATS[kind].precision),
+                                     FORMATS[kind].max_exponent);
         if (actual != expected &&
             !(signbit(actual) == signbit(expected) && fabsl(finite) == largest)) {
             fail(what, row, i, actual, expected, 0);
         }
         return;
     }
-    long double allowed = ulps * ulp(expected, size) + extra;
+    long double allowed = ulps * ulp(kind, expected) + extra;
     if (fabsl(actual - expected) > allowed) {
         fail(what, row, i, actual, expected, allowed);
+    }
+}
+
+/*
+ * actual is reference rounded once to the kind: reference is within
+ * reference_error of the exact result, and the kernel may be off by extra
+ * (absolute) before its rounding, so any value rounded from within that
+ * much of the reference passes. With extra = 0, that is the correctly
+ * rounded result (0.5 ULP) wherever the reference decides it.
+ */
+static void check_rounded(const char *what, ptrdiff_t row, ptrdiff_t i, long double actual,
+                          long double reference, long double reference_error, rms_kind kind,
+                          long double extra, const long double detail[4])
+{
+    const long double expected = round_to(kind, reference);
+    if (isnan(reference) || isinf(reference)) {
+        if (!(isnan(reference) ? isnan(actual) : actual == reference)) {
+            fail(what, row, i, actual, expected, 0);
+        }
+        return;
+    }
+    const long double spread = reference_error + extra;
+    const long double lowest = round_to(kind, reference - spread);
+    const long double highest = round_to(kind, reference + spread);
+    if (isnan(actual) || actual < lowest || actual > highest) {
+        fprintf(stderr,
+                "rms_norm fuzz: %s wrong at row %td, element %td: got %.21Lg, expected %.21Lg "
+                "(%.3Lg ULP off; allowed [%.21Lg, %.21Lg]; reference %.21Lg)\n",
+                what, row, i, actual, expected, (actual - expected) / ulp(kind, expected), lowest,
+                highest, reference);
+        fprintf(stderr, "  x = %.21Lg, weight = %.21Lg, inv_rms = %.21Lg, eps = %.21Lg\n",
+                detail[0], detail[1], detail[2], detail[3]);
+        print_rows(row);
+        abort();
     }
 }
 
@@ -325,9 +502,9 @@ static void check_gaps(const operand *op, ptrdiff_t rows, ptrdiff_t n, const cha
 
 typedef struct {
     const fuzz_type *type;
-    int isa, threads, big, specials;
+    int isa, threads, big;
     ptrdiff_t rows, n;
-    value_class x_range, weight_range;
+    value_class x_range, weight_range, grad_range;
 } shape;
 
 static ptrdiff_t pick_stride(input *in, int allow_zero)
@@ -349,7 +526,8 @@ static ptrdiff_t pick_row_stride(input *in, ptrdiff_t n, ptrdiff_t stride, int a
     return choice & 4 ? -padded : padded;
 }
 
-static long double pick_eps(input *in, int size, char *out)
+/* One eps, stored in the type's eps kind at out; returns it as stored. */
+static long double pick_eps(input *in, rms_kind kind, char *out)
 {
     static const double table[8] = {0.0, 1e-12, 1e-6, 1e-5, 1e-3, 1.0, 3.0, 0.0};
     unsigned choice = take(in, 1);
@@ -357,20 +535,36 @@ static long double pick_eps(input *in, int size, char *out)
     if (choice % 8 == 7) {
         eps = fabs(make_value(in, MODERATE));
     }
-    store(out, size, eps);
-    return load(out, size);
+    store(kind, out, eps);
+    return load(kind, out);
 }
 
 /* ---- forward -------------------------------------------------------------------------- */
 
-static long double row_max_abs(const operand *op, ptrdiff_t row, ptrdiff_t n)
+/* sum(x^2) over a row, compensated (Neumaier): the squares of 16- and
+   32-bit x are exact in long double, those of float64 x good to 2^-64.
+   NaN if x holds a NaN, else inf if it holds an inf: found without
+   arithmetic on them, which costs x87 a microcode assist (a hundred times
+   the time) on every operation. */
+static long double row_sum_squares(const operand *x, ptrdiff_t row, ptrdiff_t n)
 {
-    long double largest = 0;
+    long double sum = 0, compensation = 0;
+    int any_inf = 0;
     for (ptrdiff_t i = 0; i < n; i++) {
-        long double v = fabsl(load(at(op, row, i), op->size));
-        largest = v > largest ? v : largest;
+        long double v = value_at(x, row, i);
+        if (!isfinite(v)) {
+            if (isnan(v)) {
+                return NAN;
+            }
+            any_inf = 1;
+            continue;
+        }
+        long double square = v * v;
+        long double t = sum + square;
+        compensation += fabsl(sum) >= fabsl(square) ? (sum - t) + square : (square - t) + sum;
+        sum = t;
     }
-    return largest;
+    return any_inf ? INFINITY : sum + compensation;
 }
 
 static void run_forward(const shape *s, input *in)
@@ -379,13 +573,13 @@ static void run_forward(const shape *s, input *in)
     const ptrdiff_t rows = s->rows, n = s->n;
     ptrdiff_t xs = pick_stride(in, 1), ws = pick_stride(in, 1), ys = pick_stride(in, 0);
     operand x, w, y, eps;
-    operand_init(&x, rows, n, pick_row_stride(in, n, xs, 1), xs, t->x_size);
-    operand_init(&w, rows, n, pick_row_stride(in, n, ws, 1), ws, t->weight_size);
-    operand_init(&y, rows, n, pick_row_stride(in, n, ys, 0), ys, t->x_size);
+    operand_init(&x, rows, n, pick_row_stride(in, n, xs, 1), xs, t->x);
+    operand_init(&w, rows, n, pick_row_stride(in, n, ws, 1), ws, t->weight);
+    operand_init(&y, rows, n, pick_row_stride(in, n, ys, 0), ys, t->x);
     int eps_per_row = take(in, 1) & 1;
-    operand_init(&eps, rows, 1, eps_per_row ? 1 : 0, 1, t->eps_size);
+    operand_init(&eps, rows, 1, eps_per_row ? 1 : 0, 1, t->eps);
     for (size_t offset = 0; offset < eps.bytes; offset += (size_t)eps.size) {
-        pick_eps(in, eps.size, eps.block + offset);
+        pick_eps(in, t->eps, eps.block + offset);
     }
     memcpy(eps.copy, eps.block, eps.bytes);
     fill_values(&x, in, s->x_range);
@@ -416,7 +610,7 @@ static void run_forward(const shape *s, input *in)
     if (s->big) {
         /* The same bytes on one thread. */
         operand again;
-        operand_init(&again, rows, n, y.row_stride, y.stride, y.size);
+        operand_init(&again, rows, n, y.row_stride, y.stride, y.kind);
         fill_sentinel(&again);
         rms_forward_problem single = problem;
         single.y = matrix(&again);
@@ -431,38 +625,31 @@ static void run_forward(const shape *s, input *in)
         operand_free(&again);
     }
 
-    const long double ulps = t->x_size == 4 ? 1 : 3;
     /* A big problem is there for the pool: every 16th row is checked. */
     const ptrdiff_t row_step = s->big ? 16 : 1;
     for (ptrdiff_t r = 0; r < rows && n > 0; r += row_step) {
-        long double e = load(at(&eps, r, 0), eps.size);
-        long double sum = 0;
-        for (ptrdiff_t i = 0; i < n; i++) {
-            long double v = load(at(&x, r, i), x.size);
-            sum += v * v;
-        }
-        long double inv_rms = 1.0L / sqrtl(sum / n + e);
-        if (!RMS_FUZZ_STRICT && t->x_size == 8 && (inv_rms > DBL_MAX || inv_rms < DBL_MIN)) {
-            continue; /* known: inv_rms not representable, or subnormal, in double */
-        }
-        if (!RMS_FUZZ_STRICT && t->x_size == 8 && s->isa == RMS_ISA_BASELINE &&
-            row_max_abs(&x, r, n) > 0x1p996L) {
-            continue; /* known: Dekker's split overflows */
+        long double e = value_at(&eps, r, 0);
+        long double inv_rms = 1.0L / sqrtl(row_sum_squares(&x, r, n) / n + e);
+        if (FUZZ_SKIP_F64_INV_RMS_HUGE && t->x == RMS_KIND_F64 && inv_rms > DBL_MAX) {
+            continue; /* known: inv_rms not representable in double */
         }
         for (ptrdiff_t i = 0; i < n; i++) {
-            long double v = load(at(&x, r, i), x.size);
-            long double exact = v * inv_rms * load(at(&w, r, i), w.size);
-            if (!RMS_FUZZ_STRICT && t->x_size == 4 &&
-                ((v != 0 && fabsl(v * inv_rms) < 0x1p-100L) ||
-                 (exact != 0 && fabsl(exact) < 0x1p-100L))) {
-                continue; /* known: the float write pass below 2^-100 */
+            long double v = value_at(&x, r, i), w_i = value_at(&w, r, i);
+            long double reference = isnan(inv_rms) ? NAN : v * inv_rms * w_i;
+            if (isinf(w_i)) {
+                /* torch: x_hat, rounded (in double here), times +-inf */
+                reference = (long double)(double)(v * inv_rms) * w_i;
             }
-            long double w_i = load(at(&w, r, i), w.size);
-            if (!RMS_FUZZ_STRICT && isinf(w_i)) {
-                continue; /* known: y is NaN for an infinite weight */
+            long double extra = 0;
+            if (t->x == RMS_KIND_F64) {
+                extra = (fabsl(w_i) + 1) * SUBNORMAL_FLOOR;
+                if (FUZZ_ALLOW_F64_SUBNORMAL_INV_RMS) {
+                    extra += fabsl(v * w_i) * INV_RMS_FLOOR;
+                }
             }
-            check_value("y", r, i, load(at(&y, r, i), y.size), exact, y.size, ulps,
-                        fabsl(w_i) * SUBNORMAL_FLOOR);
+            const long double detail[4] = {v, w_i, inv_rms, e};
+            check_rounded("y", r, i, value_at(&y, r, i), reference,
+                          REFERENCE_ERROR * fabsl(reference), y.kind, extra, detail);
         }
     }
     check_unchanged(&x, "x");
@@ -483,36 +670,36 @@ static void run_backward(const shape *s, input *in)
     const ptrdiff_t rows = s->rows, n = s->n;
     ptrdiff_t gs = pick_stride(in, 1), xs = pick_stride(in, 1), ws = pick_stride(in, 1);
     ptrdiff_t is = pick_stride(in, 0), gws = pick_stride(in, 0);
-    operand grad, x, w, grad_in, grad_weight;
-    operand_init(&grad, rows, n, pick_row_stride(in, n, gs, 1), gs, t->x_size);
-    operand_init(&x, rows, n, pick_row_stride(in, n, xs, 1), xs, t->x_size);
-    operand_init(&w, 1, n, 0, ws, t->weight_size);
-    operand_init(&grad_in, rows, n, pick_row_stride(in, n, is, 0), is, t->x_size);
-    operand_init(&grad_weight, 1, n, 0, gws, t->weight_size);
+    operand grad_output, x, w, grad_input, grad_weight;
+    operand_init(&grad_output, rows, n, pick_row_stride(in, n, gs, 1), gs, t->x);
+    operand_init(&x, rows, n, pick_row_stride(in, n, xs, 1), xs, t->x);
+    operand_init(&w, 1, n, 0, ws, t->weight);
+    operand_init(&grad_input, rows, n, pick_row_stride(in, n, is, 0), is, t->x);
+    operand_init(&grad_weight, 1, n, 0, gws, t->weight);
     char eps_bytes[8];
-    long double eps = pick_eps(in, t->eps_size, eps_bytes);
+    long double eps = pick_eps(in, t->eps, eps_bytes);
     fill_values(&x, in, s->x_range);
-    fill_values(&grad, in, MODERATE);
+    fill_values(&grad_output, in, s->grad_range);
     fill_values(&w, in, s->weight_range);
-    fill_sentinel(&grad_in);
+    fill_sentinel(&grad_input);
     fill_sentinel(&grad_weight);
 
     rms_backward_problem problem = {
         .n = n,
-        .grad_output = matrix(&grad),
+        .grad_output = matrix(&grad_output),
         .x = matrix(&x),
         .weight = w.base,
         .weight_stride = w.stride * w.size,
         .eps = eps_bytes,
-        .grad_input = matrix(&grad_in),
+        .grad_input = matrix(&grad_input),
     };
     char text[256];
     snprintf(text, sizeof text,
-             "backward %s isa=%s threads=%d rows=%td n=%td strides grad=(%td,%td) x=(%td,%td) "
-             "w=%td grad_in=(%td,%td) grad_weight=%td eps=%Lg",
-             t->name, rms_isa_name((rms_isa)s->isa), s->threads, rows, n, grad.row_stride,
-             grad.stride, x.row_stride, x.stride, w.stride, grad_in.row_stride, grad_in.stride,
-             grad_weight.stride, eps);
+             "backward %s isa=%s threads=%d rows=%td n=%td strides grad_output=(%td,%td) "
+             "x=(%td,%td) w=%td grad_input=(%td,%td) grad_weight=%td eps=%Lg",
+             t->name, rms_isa_name((rms_isa)s->isa), s->threads, rows, n,
+             grad_output.row_stride, grad_output.stride, x.row_stride, x.stride, w.stride,
+             grad_input.row_stride, grad_input.stride, grad_weight.stride, eps);
     problem_text = text;
     failing_x = &x;
     failing_weight = &w;
@@ -525,8 +712,9 @@ static void run_backward(const shape *s, input *in)
 
     if (s->big) {
         operand again_in, again_weight;
-        operand_init(&again_in, rows, n, grad_in.row_stride, grad_in.stride, grad_in.size);
-        operand_init(&again_weight, 1, n, 0, grad_weight.stride, grad_weight.size);
+        operand_init(&again_in, rows, n, grad_input.row_stride, grad_input.stride,
+                     grad_input.kind);
+        operand_init(&again_weight, 1, n, 0, grad_weight.stride, grad_weight.kind);
         fill_sentinel(&again_in);
         fill_sentinel(&again_weight);
         rms_backward_problem single = problem;
@@ -535,7 +723,7 @@ static void run_backward(const shape *s, input *in)
         rms_norm_backward(t->type, &single, rows, again_weight.base,
                           again_weight.stride * again_weight.size);
         rms_pool_set_num_threads(s->threads);
-        if (memcmp(again_in.block, grad_in.block, grad_in.bytes) != 0 ||
+        if (memcmp(again_in.block, grad_input.block, grad_input.bytes) != 0 ||
             memcmp(again_weight.block, grad_weight.block, grad_weight.bytes) != 0) {
             fprintf(stderr, "rms_norm fuzz: 1 and %d threads differ\n  problem: %s\n",
                     s->threads, problem_text);
@@ -545,53 +733,80 @@ static void run_backward(const shape *s, input *in)
         operand_free(&again_weight);
     }
 
-    const long double ulps = t->x_size == 4 ? 1 : 3, unit = 0x1p-53L;
+    const long double ulps = t->x == RMS_KIND_F64 ? 3 : 1, unit = 0x1p-53L;
+    /* 16-bit rows are worked in float where fused multiply-adds exist */
+    const int half = kind_size(t->x) == 2;
+    const long double input_unit = half ? 0x1p-24L : unit;
+    const long double floor_unit = half ? FLOAT_SUBNORMAL_FLOOR : SUBNORMAL_FLOOR;
     const ptrdiff_t row_step = s->big ? 16 : 1; /* grad_input rows checked */
     long double *gw_sum = calloc((size_t)(n > 0 ? n : 1), sizeof(long double));
     long double *gw_abs = calloc((size_t)(n > 0 ? n : 1), sizeof(long double));
     long double *gw_floor = calloc((size_t)(n > 0 ? n : 1), sizeof(long double));
+    char *gw_nan = calloc((size_t)(n > 0 ? n : 1), 1);
     for (ptrdiff_t r = 0; r < rows && n > 0; r++) {
         long double sum = 0, dot = 0, dot_abs = 0;
+        int any_nan = 0, any_inf = 0;
         for (ptrdiff_t i = 0; i < n; i++) {
-            long double v = load(at(&x, r, i), x.size);
-            long double g = load(at(&grad, r, i), grad.size) * load(at(&w, 0, i), w.size);
+            long double v = value_at(&x, r, i);
+            if (!isfinite(v)) {
+                any_nan |= isnan(v);
+                any_inf |= isinf(v);
+                continue;
+            }
+            long double g = value_at(&grad_output, r, i) * value_at(&w, 0, i);
             sum += v * v;
             dot += g * v;
             dot_abs += fabsl(g * v);
         }
+        if (any_nan || any_inf) {
+            /* mean(x^2) is inf (inv_rms 0) or NaN, and mean(g * x_hat) NaN:
+               grad_input is NaN throughout, and grad_weight NaN where x_hat
+               (x * inv_rms) is. grad_output and the weight are finite here.
+               Worked without arithmetic on NaN (see row_sum_squares). */
+            for (ptrdiff_t i = 0; i < n; i++) {
+                if (r % row_step == 0) {
+                    check_value("grad_input", r, i, value_at(&grad_input, r, i), NAN,
+                                grad_input.kind, ulps, 0);
+                }
+                gw_nan[i] |= any_nan || !isfinite(value_at(&x, r, i));
+            }
+            continue;
+        }
         long double inv_rms = 1.0L / sqrtl(sum / n + eps);
         long double mean_g_x_hat = inv_rms * dot / n, mean_abs = inv_rms * dot_abs / n;
         for (ptrdiff_t i = 0; i < n; i++) {
-            long double v = load(at(&x, r, i), x.size), dy = load(at(&grad, r, i), grad.size);
-            long double g = dy * load(at(&w, 0, i), w.size), x_hat = v * inv_rms;
+            long double v = value_at(&x, r, i), dy = value_at(&grad_output, r, i);
+            long double g = dy * value_at(&w, 0, i), x_hat = v * inv_rms;
             long double exact = inv_rms * (g - x_hat * mean_g_x_hat);
             long double terms = inv_rms * (fabsl(g) + fabsl(x_hat) * mean_abs);
-            long double floor = inv_rms * (fabsl(mean_g_x_hat) + 2) * SUBNORMAL_FLOOR;
+            long double floor = (inv_rms * (fabsl(mean_g_x_hat) + 2) + 1) * floor_unit;
             if (r % row_step == 0) {
-                check_value("grad_input", r, i, load(at(&grad_in, r, i), grad_in.size), exact,
-                            grad_in.size, ulps, 8 * unit * terms + floor);
+                check_value("grad_input", r, i, value_at(&grad_input, r, i), exact,
+                            grad_input.kind, ulps, 8 * input_unit * terms + floor);
             }
             gw_sum[i] += dy * x_hat;
             gw_abs[i] += fabsl(dy * x_hat);
-            gw_floor[i] += (fabsl(dy) + 1) * SUBNORMAL_FLOOR; /* x_hat's, and dy * x_hat's */
+            /* x_hat's, and dy * x_hat's (or dy * x's, in float, times inv_rms) */
+            gw_floor[i] += (fabsl(dy) + 1 + inv_rms) * floor_unit;
         }
     }
     for (ptrdiff_t i = 0; i < n; i++) {
-        check_value("grad_weight", 0, i, load(at(&grad_weight, 0, i), grad_weight.size), gw_sum[i],
-                    grad_weight.size, ulps, (rows + 2) * unit * gw_abs[i] + gw_floor[i]);
+        check_value("grad_weight", 0, i, value_at(&grad_weight, 0, i), gw_nan[i] ? NAN : gw_sum[i],
+                    grad_weight.kind, ulps, (rows + 2) * unit * gw_abs[i] + gw_floor[i]);
     }
     free(gw_sum);
     free(gw_abs);
     free(gw_floor);
-    check_unchanged(&grad, "grad_output");
+    free(gw_nan);
+    check_unchanged(&grad_output, "grad_output");
     check_unchanged(&x, "x");
     check_unchanged(&w, "weight");
-    check_gaps(&grad_in, rows, n, "grad_input");
+    check_gaps(&grad_input, rows, n, "grad_input");
     check_gaps(&grad_weight, 1, n, "grad_weight");
-    operand_free(&grad);
+    operand_free(&grad_output);
     operand_free(&x);
     operand_free(&w);
-    operand_free(&grad_in);
+    operand_free(&grad_input);
     operand_free(&grad_weight);
 }
 
@@ -605,6 +820,24 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* x's ranges by kind: moderate, and the kind's whole range. */
+static value_class moderate_for(rms_kind kind)
+{
+    return kind == RMS_KIND_F16 ? HALF_MODERATE : MODERATE;
+}
+
+static value_class full_range_for(rms_kind kind, int backward)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        return HALF_RANGE;
+    case RMS_KIND_F64:
+        return backward ? WIDE : EXTREME; /* the extremes in the forward */
+    default:
+        return FLOAT32_RANGE; /* float32 and bfloat16 */
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     input in = {data, size, 0x9E3779B97F4A7C15ULL ^ size};
@@ -615,10 +848,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shape s = {0};
     s.type = &TYPES[(header & 0xff) % NUM_TYPES];
     int backward = (header >> 8) & 1;
-    s.specials = (header >> 9) & 1;
+    int x_specials = (header >> 9) & 1;
     s.big = ((header >> 10) & 0x3f) == 0x3f; /* 1 input in 64 */
     s.isa = (int)((header >> 16) & 0xff) % RMS_NUM_ISAS;
     s.threads = 1 + (int)((header >> 24) & 3);
+    int weight_specials = (header >> 26) & 1;
     unsigned classes = take(&in, 1);
     if (!rms_isa_supported((rms_isa)s.isa)) {
         s.isa = RMS_ISA_BASELINE;
@@ -635,21 +869,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s.rows = (ptrdiff_t)(take(&in, 1) % 5);
         s.n = (ptrdiff_t)(take(&in, 2) % 300);
     }
-    /* x: moderate, the type's full range, or (float64, forward) the extremes */
-    switch (classes % 4) {
-    case 0:
-    case 1:
-        s.x_range = MODERATE;
-        break;
-    case 2:
-        s.x_range = s.type->x_size == 4 ? FLOAT32_RANGE : WIDE;
-        break;
-    default:
-        s.x_range = s.type->x_size == 4 ? FLOAT32_RANGE : backward ? WIDE : EXTREME;
-        break;
+    const rms_kind xk = s.type->x, wk = s.type->weight;
+    /* x: moderate, or the type's full range (for float64, the extremes in
+       the forward) */
+    s.x_range = classes % 4 < 2 ? moderate_for(xk) : full_range_for(xk, backward);
+    s.x_range.specials = x_specials;
+    /* weight: small, or wide (float16's own range for a float16 weight);
+       +-inf (and 0, NaN) among them with weight_specials */
+    if ((classes >> 2) & 1) {
+        s.weight_range = wk == RMS_KIND_F16 ? HALF_RANGE : (value_class){-126, 100, 0};
     }
-    s.weight_range = (classes >> 2) & 1 ? (value_class){-126, 100, 0} : (value_class){-10, 10, 0};
-    s.x_range.specials = s.weight_range.specials = s.specials;
+    else {
+        s.weight_range = (value_class){-10, 10, 0};
+    }
+    s.weight_range.specials = weight_specials;
+    s.grad_range = moderate_for(xk);
     if (backward) {
         s.weight_range = (value_class){-10, 10, 0}; /* keeps g * x within double */
         run_backward(&s, &in);
