@@ -366,6 +366,20 @@ odd("non_finite", "float64_rows_near_max", _rows_near_float64_max,
                 "y is 2+ ULP off (keep inv_rms scaled by 2**k through the write pass)")
 
 
+def _subnormal_float64_row(c):
+    # The mirror image: a row of subnormals with eps = 0 has 1 / RMS past the
+    # largest double. long double holds these values as normal numbers.
+    x = c.keep(np.array([[5e-324, 1e-320, -3e-310]]))
+    wide = x.astype(np.longdouble)
+    exact = wide / np.sqrt(np.mean(wide * wide, axis=1, keepdims=True))
+    return [(rmsnorm.rms_norm(x, 3, eps=0.0), exact.astype(F64), 1)]
+
+
+odd("non_finite", "float64_subnormal_row_eps_0", _subnormal_float64_row,
+    needs_patch="1/rms overflows to inf for an all-subnormal float64 row with eps=0, and the "
+                "row is NaN (keep inv_rms scaled by 2**k through the write pass)")
+
+
 def _infinite_weight(c):
     # torch: x_hat * inf is +-inf for a non-zero x_hat.
     x = c.keep(np.array([[3.0, 4.0, 0.5, 1.0], [1.0, 1.0, 1.0, 1.0]]))
