@@ -109,11 +109,11 @@ def test_optional_extras(project):
 
 def test_the_test_extra_runs_every_example(project):
     # The suite runs the examples of the README and docs/, each of which
-    # names the extra it needs; all but the benchmark's peers and the
-    # plotting library come with the test extra.
+    # names the extra it needs, and the demo's and the docs' figures need
+    # the plots extra; all but the benchmark's peers come with the test extra.
     extras = project["optional-dependencies"]
     for extra, requirements in extras.items():
-        if extra not in ("test", "bench", "plots"):
+        if extra not in ("test", "bench"):
             for name in requirement_names(requirements):
                 assert name in requirement_names(extras["test"]), (
                     f"{name}, of the {extra} extra, is missing from the test extra")
