@@ -180,16 +180,19 @@ def _nearer_exactly(s, x, w, a, b):
     return a if (Fraction(float(a)) > m) == above else b
 
 
+def _rounded_reference(x, w, eps, exact_ld):
+    """x * w / sqrt(mean(x**2) + eps) per row, in long double, rounded once
+    to x's dtype; exact_ld: whether the long double values are exact."""
+    x_ld, w_ld = x.astype(LD), w.astype(LD)
+    mean = np.mean(x_ld * x_ld, axis=1, keepdims=True) + eps.astype(LD)[:, None]
+    w = np.broadcast_to(w, x.shape)
+    return _round_once(x, w, eps, x_ld * w_ld / np.sqrt(mean), exact_ld, x.dtype)
+
+
 @functools.cache
 def _expected(dtype_name, weight_name):
-    dtype = _dtype(dtype_name)
-    expected = []
-    for x, w, eps, _, exact_ld in _problems(dtype_name, weight_name):
-        x_ld, w_ld = x.astype(LD), w.astype(LD)
-        mean = np.mean(x_ld * x_ld, axis=1, keepdims=True) + eps.astype(LD)[:, None]
-        w = np.broadcast_to(w, x.shape)
-        expected.append(_round_once(x, w, eps, x_ld * w_ld / np.sqrt(mean), exact_ld, dtype))
-    return expected
+    return [_rounded_reference(x, w, eps, exact_ld)
+            for x, w, eps, _, exact_ld in _problems(dtype_name, weight_name)]
 
 
 @pytest.fixture
@@ -232,9 +235,7 @@ def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa, restore_isa)
     rmsnorm._core._set_isa(isa)
     data = np.load(os.path.join(os.path.dirname(__file__), "data", "float32_near_midpoint.npz"))
     x, w, eps = data["x"][None, :], data["weight"], np.array([data["eps"]])
-    mean = np.mean(x.astype(LD) ** 2, axis=1, keepdims=True) + eps.astype(LD)[:, None]
-    exact = x.astype(LD) * w.astype(LD) / np.sqrt(mean)
-    expected = _round_once(x, np.broadcast_to(w, x.shape), eps, exact, False, x.dtype)
+    expected = _rounded_reference(x, w, eps, False)
     y = rmsnorm.forward(x, w, eps[0])
     column = int(data["column"])
     assert y[0, column].view(np.uint32) == expected[0, column].view(np.uint32), (

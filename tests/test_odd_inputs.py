@@ -352,13 +352,20 @@ def _huge_float64_rows(c):
 odd("non_finite", "float64_rows_near_1e300_and_1e-300", _huge_float64_rows)
 
 
-def _rows_near_float64_max(c):
-    # An RMS past 2**1022 makes 1 / RMS subnormal: x * inv_rms must not
-    # inherit its lost bits. Exact values from long double (64-bit mantissa).
-    x = c.keep(np.ldexp(1.0 + c.rng.random((3, 22)), 1022) * np.sign(c.rng.standard_normal((3, 22))))
+def _float64_rows_with_eps_0(x):
+    """rms_norm of float64 rows with eps = 0, beside the exact values from
+    long double (64-bit mantissa, and a range that holds every double's
+    square as a normal number)."""
     wide = x.astype(np.longdouble)
     exact = wide / np.sqrt(np.mean(wide * wide, axis=1, keepdims=True))
-    return [(rmsnorm.rms_norm(x, 22, eps=0.0), exact.astype(F64), 1)]
+    return [(rmsnorm.rms_norm(x, x.shape[-1], eps=0.0), exact.astype(F64), 1)]
+
+
+def _rows_near_float64_max(c):
+    # An RMS past 2**1022 makes 1 / RMS subnormal: x * inv_rms must not
+    # inherit its lost bits.
+    return _float64_rows_with_eps_0(c.keep(
+        np.ldexp(1.0 + c.rng.random((3, 22)), 1022) * np.sign(c.rng.standard_normal((3, 22)))))
 
 
 odd("non_finite", "float64_rows_near_max", _rows_near_float64_max,
@@ -368,11 +375,8 @@ odd("non_finite", "float64_rows_near_max", _rows_near_float64_max,
 
 def _subnormal_float64_row(c):
     # The mirror image: a row of subnormals with eps = 0 has 1 / RMS past the
-    # largest double. long double holds these values as normal numbers.
-    x = c.keep(np.array([[5e-324, 1e-320, -3e-310]]))
-    wide = x.astype(np.longdouble)
-    exact = wide / np.sqrt(np.mean(wide * wide, axis=1, keepdims=True))
-    return [(rmsnorm.rms_norm(x, 3, eps=0.0), exact.astype(F64), 1)]
+    # largest double.
+    return _float64_rows_with_eps_0(c.keep(np.array([[5e-324, 1e-320, -3e-310]])))
 
 
 odd("non_finite", "float64_subnormal_row_eps_0", _subnormal_float64_row,
