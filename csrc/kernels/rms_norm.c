@@ -78,6 +78,7 @@ typedef struct {
     const rms_kernels *kernels;
     const rms_forward_problem *problem;
     row_chunks chunks;
+    atomic_int failed;
 } forward_job;
 
 static void forward_task(void *context, int thread_index, int thread_count)
@@ -87,19 +88,44 @@ static void forward_task(void *context, int thread_index, int thread_count)
     (void)thread_index;
     (void)thread_count;
     while (take_chunk(&job->chunks, &begin, &end) >= 0) {
-        job->kernels->forward_rows(job->problem, begin, end);
+        if (job->kernels->forward_rows(job->problem, begin, end) != 0) {
+            atomic_store(&job->failed, 1);
+        }
     }
 }
 
-void rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
+/* Whether any of the rows' weight offsets is other than 0. Where none is,
+   the weight is used as stored, by the kernels without an offset. */
+static int has_weight_offset(const rms_forward_problem *p, ptrdiff_t rows)
+{
+    if (p->weight_offset == NULL) {
+        return 0;
+    }
+    const ptrdiff_t count = p->weight_offset_stride == 0 ? 1 : rows;
+    for (ptrdiff_t r = 0; r < count; r++) {
+        double offset;
+        memcpy(&offset, p->weight_offset + r * p->weight_offset_stride, sizeof offset);
+        if (offset != 0.0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
 {
     rms_forward_problem p = *problem;
     p.stream_output = streams_output(rows, p.n, p.y.stride);
+    if (!has_weight_offset(&p, rows)) {
+        p.weight_offset = NULL;
+    }
     forward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
     row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
+    atomic_init(&job.failed, 0);
     if (job.chunks.count > 0) {
         rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
     }
+    return atomic_load(&job.failed) ? -1 : 0;
 }
 
 /*
@@ -163,6 +189,19 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
         return -1;
     }
     job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);
+    if (p.weight_offset != NULL) {
+        /* offset + weight, rounded once to double: the backward's own
+           rounding errors are far larger than that one. An offset of 0 is
+           the weight as stored. */
+        double offset;
+        memcpy(&offset, p.weight_offset, sizeof offset);
+        for (ptrdiff_t i = 0; offset != 0.0 && i < p.n; i++) {
+            scratch[i] += offset;
+        }
+        if (offset == 0.0) {
+            p.weight_offset = NULL;
+        }
+    }
     job.weight = scratch;
     job.total = scratch + p.n;
     job.partials = scratch + 2 * p.n;

@@ -10,6 +10,13 @@
  *   backward:  x_hat   = x * inv_rms,  g = grad_output * weight
  *              grad_input  = inv_rms * (g - x_hat * mean(g * x_hat))
  *              grad_weight = sum over rows of grad_output * x_hat
+ *
+ * Two variants ride on the same problems. With a residual, the forward
+ * first forms residual_out = x + residual, rounded to x's kind, and
+ * normalises that; the backward then adds grad_residual_out to grad_input
+ * (x and residual share one gradient). With a weight offset, the factor is
+ * weight_offset + weight, formed exactly: grad_weight is unchanged, as
+ * d(offset + weight)/d(weight) = 1.
  */
 #ifndef RMSNORM_KERNELS_RMS_NORM_H
 #define RMSNORM_KERNELS_RMS_NORM_H
@@ -31,6 +38,13 @@ typedef struct {
     rms_matrix weight; /* row_stride 0 when every row shares one weight */
     const char *eps;   /* one eps per row, in the type's eps kind */
     ptrdiff_t eps_stride;
+    /* One float64 offset per row, added to the weight; NULL for none. */
+    const char *weight_offset;
+    ptrdiff_t weight_offset_stride;
+    /* x + residual is what is normalised, and is written to residual_out,
+       where residual.data is not NULL. residual_out may be residual itself
+       (updated in place) or x; it must not overlap y. */
+    rms_matrix residual, residual_out;
     rms_matrix y;
     /* Write y with non-temporal stores where the instruction set has them:
        set by the driver for outputs too large to stay in cache. */
@@ -44,6 +58,10 @@ typedef struct {
     const char *weight; /* one weight vector shared by every row */
     ptrdiff_t weight_stride;
     const char *eps; /* one eps, in the type's eps kind */
+    const char *weight_offset; /* one float64, or NULL for none */
+    /* Added to grad_input where its data is not NULL: the gradient that
+       reached residual_out directly. */
+    rms_matrix grad_residual_out;
     rms_matrix grad_input;
     int stream_output; /* as in rms_forward_problem */
     /* A streamed row's write pass asks for a row further on (backward_rows
@@ -59,7 +77,9 @@ typedef struct {
  * pool when it is large enough to pay. Results are the same bytes for any
  * thread count.
  */
-void rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows);
+/* Returns 0, or -1 when scratch memory (2n doubles per thread, for a weight
+   offset) cannot be had. */
+int rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows);
 
 /* Also writes grad_weight, the sum over rows, in the weight's kind.
    Returns 0, or -1 when scratch memory (a few rows of doubles per thread)

@@ -423,19 +423,17 @@ typedef struct {
 typedef enum { RMS_WRITE_DOUBLE, RMS_WRITE_FLOAT, RMS_WRITE_FAST16 } rms_write_mode;
 
 /* Whether the type has the fast 16-bit write: float16 or bfloat16 x, with
-   a weight of the same kind or float32. Every instruction set's kernels
+   any weight, which it takes as floats. Every instruction set's kernels
    have it, the portable ones too: it needs plain float products only
    (there, it makes the 16-bit forward two to four times faster than the
    double path). */
-RMS_ALWAYS_INLINE int rms_has_fast16(rms_kind xk, rms_kind wk)
-{
-    return rms_kind_size(xk) == 2 && (wk == xk || wk == RMS_KIND_F32);
-}
+RMS_ALWAYS_INLINE int rms_has_fast16(rms_kind xk) { return rms_kind_size(xk) == 2; }
 
 /* How far the fast 16-bit write's product x * w may be from exact, in
    units of 2^-24 relative: 0 where x and w are both 16-bit (11 + 11 or
-   8 + 8 significant bits fit a float), 1 with a float32 weight (one
-   rounding to nearest). */
+   8 + 8 significant bits fit a float), 1 where w is a float rounded once
+   to nearest (a float32 weight, or offset + weight as the kernels of a
+   weight offset pass it, in kind F64). */
 RMS_ALWAYS_INLINE int rms_fast16_product_error(rms_kind xk, rms_kind wk)
 {
     return wk == xk ? 0 : 1;
@@ -519,20 +517,26 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const ch
 /* The same in double, for every type: exact products where x and w are
    floats, and a compensated product where either is a double. Without
    fused multiply-adds, u_hi * w + low would round twice: the sum is then
-   formed as hi + err with u_hi * w's exact error, also for float64. */
+   formed as hi + err with u_hi * w's exact error, also for float64.
+   w_lo, where not NULL, holds the part of the weight that w (doubles)
+   leaves out: offset + weight is w + w_lo exactly. */
 RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
-                                                ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
-                                                ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms,
-                                                int stream)
+                                                ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                                const double *w_lo, char *y, ptrdiff_t ys,
+                                                ptrdiff_t count, rms_dd inv_rms, int stream)
 {
     const rms_block xv = rms_load_doubles(xk, x, xs, count);
     const rms_block wv = rms_load_doubles(wk, w, ws, count);
+    rms_block w_lo_v;
+    if (w_lo != NULL) {
+        w_lo_v = rms_load_doubles(RMS_KIND_F64, (const char *)w_lo, 8, count);
+    }
     const rms_vd inv_hi = rms_vd_set(inv_rms.hi), inv_lo = rms_vd_set(inv_rms.lo);
     rms_block hi, err;
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd xh = xv.part[h], wh = wv.part[h];
-        if (rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk)) {
+        if (rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk) && w_lo == NULL) {
             const rms_vd xw = rms_vd_mul(xh, wh); /* exact */
             hi.part[h] = rms_vd_mul(xw, inv_hi);
             err.part[h] = rms_vd_zero_where_inf(
@@ -542,7 +546,10 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
         const rms_vd u_hi = rms_vd_mul(xh, inv_hi);
         const rms_vd u_lo =
             rms_vd_add(rms_vd_product_error(xh, inv_hi, u_hi), rms_vd_mul(xh, inv_lo));
-        const rms_vd low = rms_vd_zero_where_inf(rms_vd_mul(u_lo, wh), wh);
+        const rms_vd low = rms_vd_zero_where_inf(
+            w_lo != NULL ? rms_vd_muladd(u_hi, w_lo_v.part[h], rms_vd_mul(u_lo, wh))
+                         : rms_vd_mul(u_lo, wh),
+            wh);
         if (xk == RMS_KIND_F64 && RMS_HAVE_FMA) {
             hi.part[h] = rms_vd_muladd(u_hi, wh, low); /* the output's one rounding */
             err.part[h] = rms_vd_set(0.0);
@@ -679,9 +686,9 @@ RMS_ALWAYS_INLINE int rms_can_stream(int stream, const char *out, ptrdiff_t stri
 /* One block of the forward, the way mode says. */
 RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                          const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                         const float *w_floats, ptrdiff_t at, char *y,
-                                         ptrdiff_t ys, ptrdiff_t count, const rms_inv_forms *inv,
-                                         int stream)
+                                         const float *w_floats, const double *w_lo, ptrdiff_t at,
+                                         char *y, ptrdiff_t ys, ptrdiff_t count,
+                                         const rms_inv_forms *inv, int stream)
 {
     if (mode == RMS_WRITE_FAST16 &&
         rms_forward_block_fast16(xk, wk, x, xs, w_floats + at, y, ys, count, inv, stream)) {
@@ -691,7 +698,8 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mod
         rms_forward_block_float(xk, wk, x, xs, w, ws, y, ys, count, inv, stream)) {
         return;
     }
-    rms_forward_block_double(xk, wk, x, xs, w, ws, y, ys, count, inv->dd, stream);
+    rms_forward_block_double(xk, wk, x, xs, w, ws, w_lo == NULL ? NULL : w_lo + at, y, ys, count,
+                             inv->dd, stream);
 }
 
 /* The write loop of rms_forward_write. reduce, a constant at each call,
@@ -702,8 +710,8 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mod
 RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                               ptrdiff_t n, const char *x, ptrdiff_t xs,
                                               const char *w, ptrdiff_t ws,
-                                              const float *w_floats, char *y, ptrdiff_t ys,
-                                              ptrdiff_t head, int streamed,
+                                              const float *w_floats, const double *w_lo, char *y,
+                                              ptrdiff_t ys, ptrdiff_t head, int streamed,
                                               const rms_inv_forms *inv, const char *next_x,
                                               int reduce, rms_lanes *next, ptrdiff_t *next_done)
 {
@@ -711,7 +719,7 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
     for (; i < head; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
         rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
-                          w_floats, i, rms_element_out(y, i, ys), ys, count, inv, 0);
+                          w_floats, w_lo, i, rms_element_out(y, i, ys), ys, count, inv, 0);
     }
     for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
         if (reduce) {
@@ -724,14 +732,14 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
             const ptrdiff_t at = i + b;
             rms_forward_block(xk, wk, mode, rms_element(x, at, xs), xs, rms_element(w, at, ws),
-                              ws, w_floats, at, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH,
+                              ws, w_floats, w_lo, at, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH,
                               inv, streamed);
         }
     }
     for (; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
         rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
-                          w_floats, i, rms_element_out(y, i, ys), ys, count, inv, 0);
+                          w_floats, w_lo, i, rms_element_out(y, i, ys), ys, count, inv, 0);
     }
 }
 
@@ -746,8 +754,9 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
  */
 RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                            ptrdiff_t n, const char *x, ptrdiff_t xs, const char *w,
-                                           ptrdiff_t ws, const float *w_floats, char *y,
-                                           ptrdiff_t ys, int stream, rms_dd inv_rms,
+                                           ptrdiff_t ws, const float *w_floats,
+                                           const double *w_lo, char *y, ptrdiff_t ys, int stream,
+                                           rms_dd inv_rms,
                                            const char *next_x)
 {
     const rms_inv_forms inv = rms_inv_forms_of(xk, wk, inv_rms, mode);
@@ -758,11 +767,11 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
     rms_lanes_clear(&next);
     ptrdiff_t next_done = 0;
     if (next_x != NULL && !streamed) {
-        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, y, ys, head, streamed,
+        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, w_lo, y, ys, head, streamed,
                                &inv, next_x, 1, &next, &next_done);
     }
     else {
-        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, y, ys, head, streamed,
+        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, w_lo, y, ys, head, streamed,
                                &inv, next_x, 0, &next, &next_done);
     }
     if (next_x == NULL) {
@@ -784,23 +793,24 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
  */
 RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *x,
                                          ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                         const float *w_floats, double eps, char *y, ptrdiff_t ys,
-                                         int stream, rms_dd sum_squares, const char *next_x)
+                                         const float *w_floats, const double *w_lo, double eps,
+                                         char *y, ptrdiff_t ys, int stream, rms_dd sum_squares,
+                                         const char *next_x)
 {
     const rms_dd inv_rms = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
     const int in_float_range = inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100;
-    if (rms_has_fast16(xk, wk)) {
+    if (rms_has_fast16(xk)) {
         if (w_floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
-            return rms_forward_write(xk, wk, RMS_WRITE_FAST16, n, x, xs, w, ws, w_floats, y, ys,
-                                     stream, inv_rms, next_x);
+            return rms_forward_write(xk, wk, RMS_WRITE_FAST16, n, x, xs, w, ws, w_floats, w_lo, y,
+                                     ys, stream, inv_rms, next_x);
         }
     }
     else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && in_float_range) {
-        return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, n, x, xs, w, ws, w_floats, y, ys,
+        return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, n, x, xs, w, ws, w_floats, w_lo, y, ys,
                                  stream, inv_rms, next_x);
     }
-    return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, n, x, xs, w, ws, w_floats, y, ys, stream,
-                             inv_rms, next_x);
+    return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, n, x, xs, w, ws, w_floats, w_lo, y, ys,
+                             stream, inv_rms, next_x);
 }
 
 /* The weight as floats, for the fast 16-bit write. */
@@ -814,28 +824,104 @@ RMS_ALWAYS_INLINE void rms_weight_floats(rms_kind wk, ptrdiff_t n, const char *w
     }
 }
 
-/* The forward's rows [row_begin, row_end). Contiguous rows get the strides
-   as constants, which lets each block be one vector load or store. */
-RMS_ALWAYS_INLINE void rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forward_problem *p,
-                                        ptrdiff_t row_begin, ptrdiff_t row_end)
+/*
+ * offset + weight, exactly, as n doubles hi + lo (an error-free sum: lo is
+ * what hi, the sum rounded to double, leaves out; 0 where hi is not
+ * finite), and, where floats is not NULL, as floats: the exact sum rounded
+ * once, through hi rounded to odd.
+ */
+RMS_ALWAYS_INLINE void rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w, ptrdiff_t ws,
+                                         double offset, double *hi, double *lo, float *floats)
 {
-    const ptrdiff_t n = p->n;
-    const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
-    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
-    const int contiguous = p->x.stride == es && p->y.stride == es && p->weight.stride == ws;
-    rms_dd sum_squares = {0.0, 0.0};
-    /* The fast 16-bit write takes the weight as floats: converted (a
-       float32 one copied) here once for rows that share it, rather than in
-       every row's write (a tenth of the float16 forward). Where the memory
-       cannot be had, rows go in double. */
-    float *w_floats = NULL;
-    if (rms_has_fast16(xk, wk) && n > 0 && row_begin < row_end) {
-        w_floats = malloc((size_t)n * sizeof(float));
-        if (w_floats != NULL && p->weight.row_stride == 0) {
-            rms_weight_floats(wk, n, p->weight.data, p->weight.stride, w_floats);
+    const rms_vd o = rms_vd_set(offset);
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_block wv = rms_load_doubles(wk, rms_element(w, i, ws), ws, count);
+        rms_block sum, err, odd;
+        RMS_UNROLL
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            const rms_vd s = rms_vd_add(o, wv.part[h]);
+            const rms_vd w_virtual = rms_vd_sub(s, o);
+            const rms_vd e = rms_vd_add(rms_vd_sub(o, rms_vd_sub(s, w_virtual)),
+                                        rms_vd_sub(wv.part[h], w_virtual));
+            sum.part[h] = s;
+            err.part[h] = rms_vd_zero_where_inf(e, s);
+            odd.part[h] = rms_vd_round_to_odd(s, err.part[h]);
+        }
+        rms_store_doubles((char *)(hi + i), 8, count, &sum, 0);
+        rms_store_doubles((char *)(lo + i), 8, count, &err, 0);
+        if (floats != NULL) {
+            rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count,
+                             rms_vf_narrow(odd.part), 0);
         }
     }
-    if (contiguous && row_begin < row_end) {
+}
+
+/*
+ * x + residual for one row, into out, rounded once to x's kind as NumPy's
+ * and torch's own add round it; returns the sum of squares of out, lane by
+ * lane as rms_sum_squares would. 16-bit kinds add in float: the float sum
+ * is exact unless one addend is below 2^-13 of the other, too small to
+ * move the sum to a 16-bit midpoint, so its rounding to 16 bits is the
+ * exact sum's.
+ */
+RMS_ALWAYS_INLINE rms_dd rms_add_residual_row(rms_kind xk, ptrdiff_t n, const char *x,
+                                              ptrdiff_t xs, const char *residual, ptrdiff_t rs,
+                                              char *out, ptrdiff_t os)
+{
+    rms_lanes lanes;
+    rms_lanes_clear(&lanes);
+    for (ptrdiff_t i = 0; i < n; i += RMS_LANES) {
+        const ptrdiff_t lanes_count = n - i < RMS_LANES ? n - i : RMS_LANES;
+        for (ptrdiff_t b = 0; b < lanes_count; b += RMS_VF_WIDTH) {
+            const ptrdiff_t at = i + b;
+            const ptrdiff_t count = lanes_count - b < RMS_VF_WIDTH ? lanes_count - b : RMS_VF_WIDTH;
+            const char *xa = rms_element(x, at, xs), *ra = rms_element(residual, at, rs);
+            char *oa = rms_element_out(out, at, os);
+            if (xk == RMS_KIND_F64) {
+                const rms_block xv = rms_load_doubles(xk, xa, xs, count);
+                const rms_block rv = rms_load_doubles(xk, ra, rs, count);
+                rms_block sum;
+                RMS_UNROLL
+                for (int h = 0; h < RMS_VD_PER_VF; h++) {
+                    sum.part[h] = rms_vd_add(xv.part[h], rv.part[h]);
+                }
+                rms_store_doubles(oa, os, count, &sum, 0);
+            }
+            else {
+                const rms_vf sum = rms_vf_add(rms_load_floats(xk, xa, xs, count),
+                                              rms_load_floats(xk, ra, rs, count));
+                rms_store_floats(xk, oa, os, count, sum, 0);
+            }
+        }
+        rms_add_squares(xk, &lanes, out, os, i, lanes_count, 0, 1.0);
+    }
+    return rms_lanes_total(&lanes, RMS_LANES);
+}
+
+/*
+ * The forward's rows [row_begin, row_end), with the weight as stored (kind
+ * wk), or, with_offset, as offset + weight in hi + lo doubles (the write
+ * pass then reads kind F64, and the lo part besides). scratch holds n
+ * floats (the weight as the fast 16-bit write takes it, or NULL where
+ * there is none), and with an offset 2n doubles. Contiguous rows get the
+ * strides as constants, which lets each block be one vector load or store.
+ */
+RMS_ALWAYS_INLINE void rms_forward_rows_weighted(rms_kind xk, rms_kind wk, int with_offset,
+                                                 const rms_forward_problem *p,
+                                                 ptrdiff_t row_begin, ptrdiff_t row_end,
+                                                 float *w_floats, double *w_hi, double *w_lo)
+{
+    const ptrdiff_t n = p->n;
+    const rms_kind factor_kind = with_offset ? RMS_KIND_F64 : wk;
+    const ptrdiff_t es = rms_kind_size(xk), fs = rms_kind_size(factor_kind);
+    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
+    const int contiguous = p->x.stride == es && p->y.stride == es &&
+                           (with_offset || p->weight.stride == fs);
+    const int weight_per_row =
+        p->weight.row_stride != 0 || (with_offset && p->weight_offset_stride != 0);
+    rms_dd sum_squares = {0.0, 0.0};
+    if (contiguous && p->residual.data == NULL) {
         sum_squares = rms_sum_squares(xk, n, rms_element(p->x.data, row_begin, p->x.row_stride), es,
                                       0, 1.0);
     }
@@ -844,23 +930,77 @@ RMS_ALWAYS_INLINE void rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forw
         const char *w = rms_element(p->weight.data, r, p->weight.row_stride);
         char *y = rms_element_out(p->y.data, r, p->y.row_stride);
         const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
-        if (w_floats != NULL && p->weight.row_stride != 0) {
-            rms_weight_floats(wk, n, w, p->weight.stride, w_floats);
+        if (r == row_begin || weight_per_row) {
+            if (with_offset) {
+                const double offset = rms_load_scalar(
+                    RMS_KIND_F64, rms_element(p->weight_offset, r, p->weight_offset_stride));
+                rms_offset_weight(wk, n, w, p->weight.stride, offset, w_hi, w_lo, w_floats);
+            }
+            else if (w_floats != NULL) {
+                rms_weight_floats(wk, n, w, p->weight.stride, w_floats);
+            }
+        }
+        const char *factor = with_offset ? (const char *)w_hi : w;
+        const ptrdiff_t factor_stride = with_offset ? 8 : p->weight.stride;
+        if (p->residual.data != NULL) {
+            /* The row is x + residual, written first and normalised from cache. */
+            char *h = rms_element_out(p->residual_out.data, r, p->residual_out.row_stride);
+            const ptrdiff_t hs = p->residual_out.stride;
+            const rms_dd h_squares = rms_add_residual_row(
+                xk, n, x, p->x.stride, rms_element(p->residual.data, r, p->residual.row_stride),
+                p->residual.stride, h, hs);
+            rms_forward_row(xk, factor_kind, n, h, hs, factor, factor_stride, w_floats, w_lo, eps,
+                            y, p->y.stride, p->stream_output, h_squares, NULL);
+            continue;
         }
         if (!contiguous) {
-            rms_forward_row(xk, wk, n, x, p->x.stride, w, p->weight.stride, w_floats, eps, y,
-                            p->y.stride, 0, rms_sum_squares(xk, n, x, p->x.stride, 0, 1.0), NULL);
+            rms_forward_row(xk, factor_kind, n, x, p->x.stride, factor, factor_stride, w_floats,
+                            w_lo, eps, y, p->y.stride, 0,
+                            rms_sum_squares(xk, n, x, p->x.stride, 0, 1.0), NULL);
             continue;
         }
         const char *next_x =
             r + 1 < row_end ? rms_element(p->x.data, r + 1, p->x.row_stride) : NULL;
-        sum_squares = rms_forward_row(xk, wk, n, x, es, w, ws, w_floats, eps, y, es,
-                                      p->stream_output, sum_squares, next_x);
+        sum_squares = rms_forward_row(xk, factor_kind, n, x, es, factor, fs, w_floats, w_lo, eps,
+                                      y, es, p->stream_output, sum_squares, next_x);
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
         rms_stream_fence(); /* streamed stores are seen before the caller reads y */
     }
-    free(w_floats);
+}
+
+/*
+ * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
+ * weight as floats: converted (a float32 one copied) once for rows that
+ * share it, rather than in every row's write (a tenth of the float16
+ * forward). Where that memory cannot be had, rows go in double; returns -1
+ * only where a weight offset's 2n doubles cannot be had, having written
+ * nothing.
+ */
+RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forward_problem *p,
+                                       ptrdiff_t row_begin, ptrdiff_t row_end)
+{
+    const ptrdiff_t n = p->n;
+    if (n <= 0 || row_begin >= row_end) {
+        return 0;
+    }
+    const int with_offset = p->weight_offset != NULL;
+    const size_t floats_bytes = rms_has_fast16(xk) ? (size_t)n * sizeof(float) : 0;
+    const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
+    char *scratch = floats_bytes + offset_bytes > 0 ? malloc(offset_bytes + floats_bytes) : NULL;
+    if (scratch == NULL && offset_bytes > 0) {
+        return -1;
+    }
+    double *w_hi = (double *)scratch; /* doubles first: malloc aligns for them */
+    float *w_floats = scratch != NULL && floats_bytes > 0 ? (float *)(scratch + offset_bytes) : NULL;
+    if (with_offset) {
+        rms_forward_rows_weighted(xk, wk, 1, p, row_begin, row_end, w_floats, w_hi, w_hi + n);
+    }
+    else {
+        rms_forward_rows_weighted(xk, wk, 0, p, row_begin, row_end, w_floats, NULL, NULL);
+    }
+    free(scratch);
+    return 0;
 }
 
 /* ---- the backward ------------------------------------------------------- */
@@ -870,19 +1010,25 @@ RMS_ALWAYS_INLINE void rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forw
  * for one block, in double; adds grad_output * x_hat into grad_weight.
  * This is inv_rms * g - inv_rms^3 / n * sum(g * x) * x rearranged so that no
  * intermediate leaves the range of x_hat and g: inv_rms^3 underflows for
- * rows near 1e160 while each factor here stays near 1.
+ * rows near 1e160 while each factor here stays near 1. Where add_residual,
+ * grad_residual_out (x's kind) is added before grad_input is rounded.
  */
 RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
                                           ptrdiff_t grad_output_stride, const char *x, ptrdiff_t xs,
-                                          const double *w, double *grad_weight, char *grad_input,
-                                          ptrdiff_t grad_input_stride, ptrdiff_t count,
-                                          rms_vd inv_rms, rms_vd mean_g_x_hat, int stream)
+                                          const double *w, double *grad_weight, int add_residual,
+                                          const char *grad_residual, ptrdiff_t grs,
+                                          char *grad_input, ptrdiff_t grad_input_stride,
+                                          ptrdiff_t count, rms_vd inv_rms, rms_vd mean_g_x_hat,
+                                          int stream)
 {
     const rms_block grad_output_v = rms_load_doubles(xk, grad_output, grad_output_stride, count);
     const rms_block xv = rms_load_doubles(xk, x, xs, count);
     const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)w, 8, count);
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
-    rms_block out;
+    rms_block out, residual_v;
+    if (add_residual) {
+        residual_v = rms_load_doubles(xk, grad_residual, grs, count);
+    }
     /* Fused only for outputs narrower than double, which round the same
        either way: a float64 result would move by a rounding, and differ
        from the paths without fused multiply-adds by more than the 1 ULP
@@ -895,11 +1041,16 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
         const rms_vd g = rms_vd_mul(grad_output_v.part[h], wv.part[h]);
         if (fused) {
             gw.part[h] = rms_vd_muladd(grad_output_v.part[h], x_hat, gw.part[h]);
-            out.part[h] = rms_vd_mul(inv_rms, rms_vd_muladd(x_hat, minus_mean, g));
+            const rms_vd centred = rms_vd_muladd(x_hat, minus_mean, g);
+            out.part[h] = add_residual ? rms_vd_muladd(inv_rms, centred, residual_v.part[h])
+                                       : rms_vd_mul(inv_rms, centred);
         }
         else {
             gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(grad_output_v.part[h], x_hat));
             out.part[h] = rms_vd_mul(inv_rms, rms_vd_sub(g, rms_vd_mul(x_hat, mean_g_x_hat)));
+            if (add_residual) {
+                out.part[h] = rms_vd_add(out.part[h], residual_v.part[h]);
+            }
         }
     }
     rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
@@ -919,17 +1070,23 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
 RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const char *grad_output,
                                                 ptrdiff_t grad_output_stride, const char *x,
                                                 ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                                double *grad_weight, char *grad_input,
-                                                ptrdiff_t grad_input_stride, ptrdiff_t count,
-                                                rms_vf inv_rms, rms_vd inv_rms_double,
-                                                rms_vf minus_mean_g_x_hat, int stream)
+                                                double *grad_weight, int add_residual,
+                                                const char *grad_residual, ptrdiff_t grs,
+                                                char *grad_input, ptrdiff_t grad_input_stride,
+                                                ptrdiff_t count, rms_vf inv_rms,
+                                                rms_vd inv_rms_double, rms_vf minus_mean_g_x_hat,
+                                                int stream)
 {
     const rms_vf grad_output_v = rms_load_floats(xk, grad_output, grad_output_stride, count);
     const rms_vf xv = rms_load_floats(xk, x, xs, count);
     const rms_vf wv = rms_load_floats(wk, w, ws, count);
     const rms_vf x_hat = rms_vf_mul(xv, inv_rms);
     const rms_vf g = rms_vf_mul(grad_output_v, wv);
-    const rms_vf out = rms_vf_mul(inv_rms, rms_vf_fma(x_hat, minus_mean_g_x_hat, g));
+    const rms_vf centred = rms_vf_fma(x_hat, minus_mean_g_x_hat, g);
+    const rms_vf out =
+        add_residual
+            ? rms_vf_fma(inv_rms, centred, rms_load_floats(xk, grad_residual, grs, count))
+            : rms_vf_mul(inv_rms, centred);
     const rms_vf grad_output_x = rms_vf_mul(grad_output_v, xv); /* exact for float16 */
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
     RMS_UNROLL
@@ -947,30 +1104,42 @@ RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const 
 RMS_ALWAYS_INLINE void rms_backward_any_block(
     rms_kind xk, rms_kind wk, int in_float, const char *grad_output, ptrdiff_t grad_output_stride,
     const char *x, ptrdiff_t xs, const double *w_double, const char *w, ptrdiff_t ws,
-    double *grad_weight, char *grad_input, ptrdiff_t grad_input_stride, ptrdiff_t count,
-    rms_vd inv_rms, rms_vd mean, rms_vf inv_rms_float, rms_vf minus_mean_float, int stream)
+    double *grad_weight, int add_residual, const char *grad_residual, ptrdiff_t grs,
+    char *grad_input, ptrdiff_t grad_input_stride, ptrdiff_t count, rms_vd inv_rms, rms_vd mean,
+    rms_vf inv_rms_float, rms_vf minus_mean_float, int stream)
 {
     if (in_float) {
         rms_backward_block_float(xk, wk, grad_output, grad_output_stride, x, xs, w, ws, grad_weight,
-                                 grad_input, grad_input_stride, count, inv_rms_float, inv_rms,
-                                 minus_mean_float, stream);
+                                 add_residual, grad_residual, grs, grad_input, grad_input_stride,
+                                 count, inv_rms_float, inv_rms, minus_mean_float, stream);
     }
     else {
         rms_backward_block(xk, grad_output, grad_output_stride, x, xs, w_double, grad_weight,
-                           grad_input, grad_input_stride, count, inv_rms, mean, stream);
+                           add_residual, grad_residual, grs, grad_input, grad_input_stride, count,
+                           inv_rms, mean, stream);
     }
 }
 
+/* A row of the backward's grad_residual_out, where add_residual. */
+typedef struct {
+    int add_residual;
+    const char *data;
+    ptrdiff_t stride;
+} rms_grad_residual;
+
 /* One row of the backward. A streamed output's write loop also asks for
    the grad_output and x of a row further on (ahead_grad_output and ahead_x, or
-   NULL), as rms_forward_write asks for the next row. */
+   NULL), as rms_forward_write asks for the next row. w_as_stored says
+   whether w_stored is the weight that w holds as doubles (no offset), which
+   the float path reads. */
 RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
                                         const char *grad_output, ptrdiff_t grad_output_stride,
                                         const char *x, ptrdiff_t xs, const double *w,
-                                        const char *w_stored, ptrdiff_t ws, double eps,
-                                        char *grad_input, ptrdiff_t grad_input_stride,
-                                        double *grad_weight, int stream,
-                                        const char *ahead_grad_output, const char *ahead_x)
+                                        const char *w_stored, ptrdiff_t ws, int w_as_stored,
+                                        double eps, rms_grad_residual gr, char *grad_input,
+                                        ptrdiff_t grad_input_stride, double *grad_weight,
+                                        int stream, const char *ahead_grad_output,
+                                        const char *ahead_x)
 {
     rms_lanes squares, dot;
     rms_lanes_clear(&squares);
@@ -995,20 +1164,25 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
     const rms_vf minus_mean_float = rms_vf_set((float)-mean_g_x_hat);
     /* 16-bit rows go in float where fused multiply-adds exist, and where
        inv_rms and the mean stay well inside float's range. */
-    const int in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && inv_rms >= 0x1p-100 &&
-                         inv_rms <= 0x1p100 && fabs(mean_g_x_hat) <= 0x1p100;
+    const int in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && w_as_stored &&
+                         inv_rms >= 0x1p-100 && inv_rms <= 0x1p100 &&
+                         fabs(mean_g_x_hat) <= 0x1p100;
 
     const ptrdiff_t size = rms_kind_size(xk);
     const ptrdiff_t head = rms_unaligned_head(grad_input, grad_input_stride, size, n);
     const int streamed = rms_can_stream(
         stream, rms_element_out(grad_input, head, grad_input_stride), grad_input_stride, size);
+#define RMS_BACKWARD_BLOCK_AT(at, count, stream_block)                                            \
+    rms_backward_any_block(xk, wk, in_float, rms_element(grad_output, at, grad_output_stride),    \
+                           grad_output_stride, rms_element(x, at, xs), xs, w + (at),              \
+                           rms_element(w_stored, at, ws), ws, grad_weight + (at),                 \
+                           gr.add_residual,                                                       \
+                           gr.add_residual ? rms_element(gr.data, at, gr.stride) : NULL,          \
+                           gr.stride,                                                             \
+                           rms_element_out(grad_input, at, grad_input_stride), grad_input_stride, \
+                           count, inv, mean, inv_float, minus_mean_float, stream_block)
     for (i = 0; i < head; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
-        rms_backward_any_block(xk, wk, in_float, rms_element(grad_output, i, grad_output_stride),
-                               grad_output_stride, rms_element(x, i, xs), xs, w + i,
-                               rms_element(w_stored, i, ws), ws, grad_weight + i,
-                               rms_element_out(grad_input, i, grad_input_stride), grad_input_stride,
-                               count, inv, mean, inv_float, minus_mean_float, 0);
+        RMS_BACKWARD_BLOCK_AT(i, head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH, 0);
     }
     for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
         if (streamed && ahead_x != NULL) {
@@ -1017,34 +1191,29 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
             rms_prefetch(rms_element(ahead_x, i, xs), RMS_LANES * xs);
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
-            const ptrdiff_t at = i + b;
-            rms_backward_any_block(
-                xk, wk, in_float, rms_element(grad_output, at, grad_output_stride),
-                grad_output_stride, rms_element(x, at, xs), xs, w + at,
-                rms_element(w_stored, at, ws), ws, grad_weight + at,
-                rms_element_out(grad_input, at, grad_input_stride), grad_input_stride, RMS_VF_WIDTH,
-                inv, mean, inv_float, minus_mean_float, streamed);
+            RMS_BACKWARD_BLOCK_AT(i + b, RMS_VF_WIDTH, streamed);
         }
     }
     for (; i < n; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        rms_backward_any_block(xk, wk, in_float, rms_element(grad_output, i, grad_output_stride),
-                               grad_output_stride, rms_element(x, i, xs), xs, w + i,
-                               rms_element(w_stored, i, ws), ws, grad_weight + i,
-                               rms_element_out(grad_input, i, grad_input_stride), grad_input_stride,
-                               count, inv, mean, inv_float, minus_mean_float, 0);
+        RMS_BACKWARD_BLOCK_AT(i, n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH, 0);
     }
+#undef RMS_BACKWARD_BLOCK_AT
 }
 
-RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_backward_problem *p,
-                                         ptrdiff_t row_begin, ptrdiff_t row_end,
-                                         const double *weight, double *grad_weight_partial)
+/* The backward's rows, with or without grad_residual_out (add_residual, a
+   constant at each call, so that the rows without it carry no test). */
+RMS_ALWAYS_INLINE void rms_backward_rows_of(rms_kind xk, rms_kind wk, int add_residual,
+                                            const rms_backward_problem *p, ptrdiff_t row_begin,
+                                            ptrdiff_t row_end, const double *weight,
+                                            double *grad_weight_partial)
 {
     const ptrdiff_t es = rms_kind_size(xk);
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const double eps = rms_load_scalar(eps_kind, p->eps);
-    const int contiguous =
-        p->grad_output.stride == es && p->x.stride == es && p->grad_input.stride == es;
+    const int w_as_stored = p->weight_offset == NULL;
+    const int contiguous = p->grad_output.stride == es && p->x.stride == es &&
+                           p->grad_input.stride == es &&
+                           (!add_residual || p->grad_residual_out.stride == es);
     /* A write pass asks for the row two on: the next one is already on
        its way, and asked for only one row ahead, its last lines arrive
        after its reduction pass needs them. */
@@ -1054,22 +1223,39 @@ RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_bac
         const char *grad_output = rms_element(p->grad_output.data, r, p->grad_output.row_stride);
         const char *x = rms_element(p->x.data, r, p->x.row_stride);
         char *grad_input = rms_element_out(p->grad_input.data, r, p->grad_input.row_stride);
+        const rms_grad_residual gr = {
+            add_residual,
+            add_residual ? rms_element(p->grad_residual_out.data, r, p->grad_residual_out.row_stride)
+                         : NULL,
+            add_residual ? (contiguous ? es : p->grad_residual_out.stride) : 0};
         if (contiguous) {
             const int ahead = r + AHEAD < ahead_end;
             rms_backward_row(
-                xk, wk, p->n, grad_output, es, x, es, weight, p->weight, p->weight_stride, eps,
-                grad_input, es, grad_weight_partial, p->stream_output,
+                xk, wk, p->n, grad_output, es, x, es, weight, p->weight, p->weight_stride,
+                w_as_stored, eps, gr, grad_input, es, grad_weight_partial, p->stream_output,
                 ahead ? rms_element(grad_output, AHEAD, p->grad_output.row_stride) : NULL,
                 ahead ? rms_element(x, AHEAD, p->x.row_stride) : NULL);
         }
         else {
             rms_backward_row(xk, wk, p->n, grad_output, p->grad_output.stride, x, p->x.stride,
-                             weight, p->weight, p->weight_stride, eps, grad_input,
+                             weight, p->weight, p->weight_stride, w_as_stored, eps, gr, grad_input,
                              p->grad_input.stride, grad_weight_partial, 0, NULL, NULL);
         }
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
         rms_stream_fence();
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_backward_problem *p,
+                                         ptrdiff_t row_begin, ptrdiff_t row_end,
+                                         const double *weight, double *grad_weight_partial)
+{
+    if (p->grad_residual_out.data != NULL) {
+        rms_backward_rows_of(xk, wk, 1, p, row_begin, row_end, weight, grad_weight_partial);
+    }
+    else {
+        rms_backward_rows_of(xk, wk, 0, p, row_begin, row_end, weight, grad_weight_partial);
     }
 }
 
@@ -1098,10 +1284,10 @@ RMS_ALWAYS_INLINE void rms_store_weight(rms_kind wk, ptrdiff_t n, const double *
 /* ---- one table entry per type ------------------------------------------- */
 
 #define RMS_ROW_KERNELS(name, x, weight)                                                   \
-    static void forward_rows_##name(const rms_forward_problem *p, ptrdiff_t row_begin,     \
-                                    ptrdiff_t row_end)                                     \
+    static int forward_rows_##name(const rms_forward_problem *p, ptrdiff_t row_begin,      \
+                                   ptrdiff_t row_end)                                      \
     {                                                                                      \
-        rms_forward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end);          \
+        return rms_forward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end);   \
     }                                                                                      \
     static void backward_rows_##name(const rms_backward_problem *p, ptrdiff_t row_begin,   \
                                      ptrdiff_t row_end, const double *weight,              \

@@ -58,46 +58,110 @@ static int uses_bfloat16(rms_type type)
  */
 static void discard_fp_flags(void) { feclearexcept(FE_ALL_EXCEPT); }
 
-/* forward: (n),(n),()->(n) */
+/* Raises MemoryError from a loop, which runs without the GIL. */
+static void raise_no_memory(void)
+{
+    NPY_ALLOW_C_API_DEF
+    NPY_ALLOW_C_API
+    PyErr_NoMemory();
+    NPY_DISABLE_C_API
+}
+
+/*
+ * Each gufunc is one of two families, forward or backward, with or without
+ * a residual and a weight offset (gufunc_variant). The variants add
+ * operands to the family's, at fixed places:
+ *
+ *   forward:  x, [residual], weight, [weight_offset], eps -> y, [residual_out]
+ *   backward: grad_output, [grad_residual_out], x, weight, [weight_offset], eps
+ *             -> grad_input, grad_weight
+ *
+ * In the backward of the residual variant, x is residual_out.
+ */
+enum { VARIANT_RESIDUAL = 1, VARIANT_OFFSET = 2 };
+
+/* A loop's data: its element type and its gufunc's variant. */
+typedef struct {
+    rms_type type;
+    int variant;
+} loop_params;
+
+/* (n)...->(n)...: each operand's core stride follows the outer ones, in
+   operand order, for the operands that have a core dimension. */
 static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const *steps,
                          void *data)
 {
-    const rms_type type = *(const rms_type *)data;
+    const loop_params *params = data;
+    const int residual = (params->variant & VARIANT_RESIDUAL) != 0;
+    const int offset = (params->variant & VARIANT_OFFSET) != 0;
+    const int nop = 4 + 2 * residual + offset;
+    const int x = 0, r = 1, w = 1 + residual, o = w + 1, eps = w + 1 + offset, y = eps + 1,
+              r_out = y + 1;
+    /* the core strides, by operand: scalars (eps, weight_offset) have none */
+    const npy_intp *core = steps + nop;
+    const npy_intp x_core = core[0], r_core = core[residual ? 1 : 0],
+                   w_core = core[1 + residual], y_core = core[2 + residual],
+                   r_out_core = core[residual ? 4 : 0];
     rms_forward_problem problem = {
         .n = dimensions[1],
-        .x = {args[0], steps[0], steps[4]},
-        .weight = {args[1], steps[1], steps[5]},
-        .eps = args[2],
-        .eps_stride = steps[2],
-        .y = {args[3], steps[3], steps[6]},
+        .x = {args[x], steps[x], x_core},
+        .weight = {args[w], steps[w], w_core},
+        .eps = args[eps],
+        .eps_stride = steps[eps],
+        .y = {args[y], steps[y], y_core},
     };
-    rms_norm_forward(type, &problem, dimensions[0]);
+    if (offset) {
+        problem.weight_offset = args[o];
+        problem.weight_offset_stride = steps[o];
+    }
+    if (residual) {
+        problem.residual = (rms_matrix){args[r], steps[r], r_core};
+        problem.residual_out = (rms_matrix){args[r_out], steps[r_out], r_out_core};
+    }
+    if (rms_norm_forward(params->type, &problem, dimensions[0]) != 0) {
+        raise_no_memory();
+    }
     discard_fp_flags();
 }
 
-/* backward: (m,n),(m,n),(n),()->(m,n),(n) */
+/* (m,n)...->(m,n),(n): the (m,n) operands have two core strides each. */
 static void backward_loop(char **args, npy_intp const *dimensions, npy_intp const *steps,
                           void *data)
 {
-    const rms_type type = *(const rms_type *)data;
+    const loop_params *params = data;
+    const int residual = (params->variant & VARIANT_RESIDUAL) != 0;
+    const int offset = (params->variant & VARIANT_OFFSET) != 0;
+    const int nop = 6 + residual + offset;
+    const int grad_output = 0, grad_r = 1, x = 1 + residual, w = x + 1, o = w + 1,
+              eps = w + 1 + offset, grad_input = eps + 1, grad_weight = eps + 2;
     const npy_intp outer = dimensions[0], m = dimensions[1], n = dimensions[2];
-    /* steps: 6 outer strides, then the core strides operand by operand */
-    const npy_intp *core = steps + 6;
-    for (npy_intp o = 0; o < outer; o++) {
+    const npy_intp *core = steps + nop;
+    const npy_intp *grad_output_core = core, *grad_r_core = core + 2,
+                   *x_core = core + 2 + 2 * residual, *w_core = x_core + 2,
+                   *grad_input_core = w_core + 1, *grad_weight_core = w_core + 3;
+    for (npy_intp i = 0; i < outer; i++) {
         rms_backward_problem problem = {
             .n = n,
-            .grad_output = {args[0] + o * steps[0], core[0], core[1]},
-            .x = {args[1] + o * steps[1], core[2], core[3]},
-            .weight = args[2] + o * steps[2],
-            .weight_stride = core[4],
-            .eps = args[3] + o * steps[3],
-            .grad_input = {args[4] + o * steps[4], core[5], core[6]},
+            .grad_output = {args[grad_output] + i * steps[grad_output], grad_output_core[0],
+                            grad_output_core[1]},
+            .x = {args[x] + i * steps[x], x_core[0], x_core[1]},
+            .weight = args[w] + i * steps[w],
+            .weight_stride = w_core[0],
+            .eps = args[eps] + i * steps[eps],
+            .grad_input = {args[grad_input] + i * steps[grad_input], grad_input_core[0],
+                           grad_input_core[1]},
         };
-        if (rms_norm_backward(type, &problem, m, args[5] + o * steps[5], core[7]) != 0) {
-            NPY_ALLOW_C_API_DEF
-            NPY_ALLOW_C_API
-            PyErr_NoMemory();
-            NPY_DISABLE_C_API
+        if (offset) {
+            problem.weight_offset = args[o] + i * steps[o];
+        }
+        if (residual) {
+            problem.grad_residual_out =
+                (rms_matrix){args[grad_r] + i * steps[grad_r], grad_r_core[0], grad_r_core[1]};
+        }
+        if (rms_norm_backward(params->type, &problem, m,
+                              args[grad_weight] + i * steps[grad_weight],
+                              grad_weight_core[0]) != 0) {
+            raise_no_memory();
             break;
         }
     }
@@ -105,25 +169,30 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
 }
 
 /* The type number of each operand, in signature order, for one type. */
-static int forward_dtypes(rms_type type, int *types)
+static int operand_dtypes(int backward, int variant, rms_type type, int *types)
 {
     const rms_type_kinds kinds = rms_type_table[type];
     const int x = type_num_of(kinds.x), weight = type_num_of(kinds.weight);
-    const int row[] = {x, weight, type_num_of(kinds.eps), x};
-    memcpy(types, row, sizeof(row));
-    return (int)(sizeof(row) / sizeof(row[0]));
+    const int residual = (variant & VARIANT_RESIDUAL) != 0, offset = (variant & VARIANT_OFFSET) != 0;
+    int count = 0;
+    types[count++] = x; /* x, or grad_output */
+    if (residual) {
+        types[count++] = x; /* residual, or grad_residual_out */
+    }
+    if (backward) {
+        types[count++] = x;
+    }
+    types[count++] = weight;
+    if (offset) {
+        types[count++] = NPY_DOUBLE;
+    }
+    types[count++] = type_num_of(kinds.eps);
+    types[count++] = x; /* y, or grad_input */
+    types[count++] = backward ? weight : x; /* grad_weight, or residual_out */
+    return backward || residual ? count : count - 1;
 }
 
-static int backward_dtypes(rms_type type, int *types)
-{
-    const rms_type_kinds kinds = rms_type_table[type];
-    const int x = type_num_of(kinds.x), weight = type_num_of(kinds.weight);
-    const int row[] = {x, x, weight, type_num_of(kinds.eps), x, weight};
-    memcpy(types, row, sizeof(row));
-    return (int)(sizeof(row) / sizeof(row[0]));
-}
-
-#define MAX_OPERANDS 6
+#define MAX_OPERANDS 8
 
 /*
  * The loops as the docstrings list them, one line per input dtype, in
@@ -143,17 +212,39 @@ static int backward_dtypes(rms_type type, int *types)
     "forward.types and backward.types list NumPy's built-in dtypes only, so\n"             \
     "they never show the bfloat16 loops; rmsnorm._core.dtype_pairs lists all.\n"
 
+/*
+ * The weight-offset twin of a gufunc: one more operand, weight_offset, a
+ * float64 scalar per row right after the weight, and the factor
+ * weight_offset + weight in place of weight. The twin's name is the
+ * gufunc's with "_offset" appended.
+ */
+#define OFFSET_GUFUNC(base, signature, nin, nout, backward, variant, operands_before)      \
+    {base "_offset", signature, nin, nout, backward, (variant) | VARIANT_OFFSET,           \
+     base "_offset(" operands_before ", weight_offset, eps, /, out=..., ...)\n"            \
+     "\n"                                                                                  \
+     "rmsnorm." base " with the weight offset: the factor is\n"                            \
+     "weight_offset + weight, formed exactly, in place of weight, as Gemma's\n"            \
+     "(1 + weight) is. weight_offset is a float64 scalar (per row where it\n"              \
+     "broadcasts); grad_weight, where there is one, is the stored weight's\n"              \
+     "gradient. An offset of 0 is " base " itself. Signature " signature ".\n"             \
+     "\n"                                                                                  \
+     "Examples\n"                                                                          \
+     "--------\n"                                                                          \
+     ">>> import numpy as np, rmsnorm\n"                                                   \
+     ">>> rmsnorm.forward_offset(np.array([3.0, 4.0]), np.zeros(2), 1.0, 0.0)\n"           \
+     "array([0.84852814, 1.13137085])\n"}
+
 typedef struct {
     const char *name;
     const char *signature;
     int nin, nout;
-    PyUFuncGenericFunction loop;
-    int (*operand_dtypes)(rms_type type, int *types);
+    int backward; /* the family: 0 forward, 1 backward */
+    int variant;  /* VARIANT_RESIDUAL and VARIANT_OFFSET, or'ed */
     const char *doc;
 } gufunc_descriptor;
 
 static const gufunc_descriptor gufuncs[] = {
-    {"forward", "(n),(n),()->(n)", 3, 1, forward_loop, forward_dtypes,
+    {"forward", "(n),(n),()->(n)", 3, 1, 0, 0,
      "forward(x, weight, eps, /, out=None, *, axes=None, dtype=None, casting='same_kind', ...)\n"
      "\n"
      "RMSNorm of each row of x, as a NumPy generalized ufunc.\n"
@@ -185,7 +276,7 @@ static const gufunc_descriptor gufuncs[] = {
      ">>> import numpy as np, rmsnorm\n"
      ">>> rmsnorm.forward(np.array([3.0, 4.0]), np.ones(2), 0.0)\n"
      "array([0.84852814, 1.13137085])\n"},
-    {"backward", "(m,n),(m,n),(n),()->(m,n),(n)", 4, 2, backward_loop, backward_dtypes,
+    {"backward", "(m,n),(m,n),(n),()->(m,n),(n)", 4, 2, 1, 0,
      "backward(grad_output, x, weight, eps, /, out=(None, None), *, axes=None, ...)\n"
      "\n"
      "Gradients of rmsnorm.forward, as a NumPy generalized ufunc.\n"
@@ -214,12 +305,86 @@ static const gufunc_descriptor gufuncs[] = {
      ">>> grad_input, grad_weight = rmsnorm.backward(np.ones((1, 2)), x, np.ones(2), 0.0)\n"
      ">>> grad_weight\n"
      "array([0.84852814, 1.13137085])\n"},
+    {"add_forward", "(n),(n),(n),()->(n),(n)", 4, 2, 0, VARIANT_RESIDUAL,
+     "add_forward(x, residual, weight, eps, /, out=(None, None), *, axes=None, ...)\n"
+     "\n"
+     "The residual add and RMSNorm of a pre-norm block, fused, as a NumPy\n"
+     "generalized ufunc.\n"
+     "\n"
+     "Signature (n),(n),(n),()->(n),(n): over the last axis,\n"
+     "\n"
+     "    residual_out = x + residual          rounded to x's dtype\n"
+     "    y            = forward(residual_out, weight, eps)\n"
+     "\n"
+     "in one pass over memory: each row of residual_out is normalised while\n"
+     "it is still in cache. Both outputs are the same bytes as np.add followed\n"
+     "by rmsnorm.forward. residual has x's dtype. out=(y, residual) updates the\n"
+     "residual in place, with no temporary; y must not overlap residual_out.\n"
+     "\n"
+     LOOPS_DOC
+     "\n"
+     "Returns\n"
+     "-------\n"
+     "y : ndarray, (..., n), in x's dtype\n"
+     "residual_out : ndarray, (..., n), in x's dtype\n"
+     "\n"
+     "Examples\n"
+     "--------\n"
+     ">>> import numpy as np, rmsnorm\n"
+     ">>> y, h = rmsnorm.add_forward(np.array([1.0, 3.0]), np.array([2.0, 1.0]), np.ones(2), 0.0)\n"
+     ">>> h\n"
+     "array([3., 4.])\n"
+     ">>> y\n"
+     "array([0.84852814, 1.13137085])\n"},
+    {"add_backward", "(m,n),(m,n),(m,n),(n),()->(m,n),(n)", 5, 2, 1, VARIANT_RESIDUAL,
+     "add_backward(grad_output, grad_residual_out, residual_out, weight, eps, /, out=(None, None), ...)\n"
+     "\n"
+     "Gradients of rmsnorm.add_forward, as a NumPy generalized ufunc.\n"
+     "\n"
+     "Signature (m,n),(m,n),(m,n),(n),()->(m,n),(n). residual_out is the\n"
+     "forward's second output, h = x + residual; grad_residual_out is the\n"
+     "gradient that reached h directly (zeros where h is not used further).\n"
+     "\n"
+     "    grad_input  = backward(grad_output, h, ...)[0] + grad_residual_out\n"
+     "    grad_weight = backward(grad_output, h, ...)[1]\n"
+     "\n"
+     "grad_input is the gradient of both x and residual. grad_weight is\n"
+     "summed over rows as in rmsnorm.backward.\n"
+     "\n"
+     LOOPS_DOC
+     "\n"
+     "Returns\n"
+     "-------\n"
+     "grad_input : ndarray, (..., m, n), in x's dtype\n"
+     "grad_weight : ndarray, (..., n), in weight's dtype\n"
+     "\n"
+     "Examples\n"
+     "--------\n"
+     ">>> import numpy as np, rmsnorm\n"
+     ">>> h = np.array([[3.0, 4.0]])\n"
+     ">>> grad_input, grad_weight = rmsnorm.add_backward(\n"
+     "...     np.zeros((1, 2)), np.ones((1, 2)), h, np.ones(2), 0.0)\n"
+     ">>> grad_input\n"
+     "array([[1., 1.]])\n"},
+    OFFSET_GUFUNC("forward", "(n),(n),(),()->(n)", 4, 1, 0, 0, "x, weight"),
+    OFFSET_GUFUNC("backward", "(m,n),(m,n),(n),(),()->(m,n),(n)", 5, 2, 1, 0,
+                  "grad_output, x, weight"),
+    OFFSET_GUFUNC("add_forward", "(n),(n),(n),(),()->(n),(n)", 5, 2, 0, VARIANT_RESIDUAL,
+                  "x, residual, weight"),
+    OFFSET_GUFUNC("add_backward", "(m,n),(m,n),(m,n),(n),(),()->(m,n),(n)", 6, 2, 1,
+                  VARIANT_RESIDUAL, "grad_output, grad_residual_out, residual_out, weight"),
 };
 #define NUM_GUFUNCS ((int)(sizeof(gufuncs) / sizeof(gufuncs[0])))
+
+static PyUFuncGenericFunction loop_of(const gufunc_descriptor *d)
+{
+    return d->backward ? backward_loop : forward_loop;
+}
 
 /* NumPy keeps pointers to these for the life of the process. */
 static PyUFuncGenericFunction loop_functions[NUM_GUFUNCS][RMS_NUM_TYPES];
 static void *loop_data[NUM_GUFUNCS][RMS_NUM_TYPES];
+static loop_params loop_params_of[NUM_GUFUNCS][RMS_NUM_TYPES];
 static char loop_types[NUM_GUFUNCS][RMS_NUM_TYPES * MAX_OPERANDS];
 
 /* The type whose loop takes x and weight of these type numbers, or -1. */
@@ -279,7 +444,8 @@ PyObject *rms_forward_direct(PyObject *module, PyObject *const *args, Py_ssize_t
     const npy_intp steps[] = {n * item, 0, 0, n * item, item, PyArray_STRIDE(weight, 0), item};
     NPY_BEGIN_THREADS_DEF
     NPY_BEGIN_THREADS
-    forward_loop(loop_args, dimensions, steps, (void *)&all_types[type]);
+    loop_params params = {(rms_type)type, 0};
+    forward_loop(loop_args, dimensions, steps, &params);
     NPY_END_THREADS
     return (PyObject *)y;
 }
@@ -301,9 +467,10 @@ int rms_register_bfloat16(PyObject *module, int type_num)
             if (!uses_bfloat16(all_types[t])) {
                 continue;
             }
-            d->operand_dtypes(all_types[t], arg_types);
-            if (PyUFunc_RegisterLoopForType((PyUFuncObject *)ufunc, type_num, d->loop, arg_types,
-                                            (void *)&all_types[t]) < 0) {
+            operand_dtypes(d->backward, d->variant, all_types[t], arg_types);
+            loop_params_of[g][t] = (loop_params){all_types[t], d->variant};
+            if (PyUFunc_RegisterLoopForType((PyUFuncObject *)ufunc, type_num, loop_of(d),
+                                            arg_types, &loop_params_of[g][t]) < 0) {
                 Py_DECREF(ufunc);
                 return -1;
             }
@@ -324,12 +491,13 @@ int rms_add_gufuncs(PyObject *module)
             if (uses_bfloat16(all_types[t])) {
                 continue; /* added by rms_register_bfloat16 */
             }
-            d->operand_dtypes(all_types[t], types);
+            operand_dtypes(d->backward, d->variant, all_types[t], types);
             for (int i = 0; i < operands; i++) {
                 loop_types[g][loops * operands + i] = (char)types[i]; /* built-in type numbers */
             }
-            loop_functions[g][loops] = d->loop;
-            loop_data[g][loops] = (void *)&all_types[t];
+            loop_params_of[g][t] = (loop_params){all_types[t], d->variant};
+            loop_functions[g][loops] = loop_of(d);
+            loop_data[g][loops] = &loop_params_of[g][t];
             loops++;
         }
         PyObject *ufunc = PyUFunc_FromFuncAndDataAndSignature(
