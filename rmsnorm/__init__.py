@@ -2,8 +2,17 @@
 
 - ``forward`` and ``backward``: the gufuncs, ``(n),(n),()->(n)`` and
   ``(m,n),(m,n),(n),()->(m,n),(n)``.
-- ``rms_norm`` and ``rms_norm_backward``: torch.nn.functional's contract.
-- ``RMSNorm``: torch.nn.RMSNorm's contract.
+- ``add_forward`` and ``add_backward``: a pre-norm block's residual add
+  fused with the norm, ``(n),(n),(n),()->(n),(n)`` and
+  ``(m,n),(m,n),(m,n),(n),()->(m,n),(n)``.
+- ``forward_offset``, ``backward_offset``, ``add_forward_offset`` and
+  ``add_backward_offset``: the same with a weight offset (Gemma's
+  ``1 + weight``), a float64 operand after the weight.
+- ``rms_norm`` and ``rms_norm_backward``: torch.nn.functional's contract,
+  with a ``weight_offset`` keyword; ``add_rms_norm`` and
+  ``add_rms_norm_backward``: the fused residual add in the same style.
+- ``RMSNorm``: torch.nn.RMSNorm's contract, plus ``forward(x, residual)``
+  and ``weight_offset``.
 - ``set_num_threads`` and ``get_num_threads``: the kernels' thread pool.
 - ``reference``: a plain float64 NumPy implementation, the independent check.
 
@@ -15,7 +24,18 @@ bfloat16 ones: NumPy lists only its built-in dtypes there.
 """
 
 try:
-    from ._core import backward, forward, get_num_threads, set_num_threads
+    from ._core import (
+        add_backward,
+        add_backward_offset,
+        add_forward,
+        add_forward_offset,
+        backward,
+        backward_offset,
+        forward,
+        forward_offset,
+        get_num_threads,
+        set_num_threads,
+    )
 except ModuleNotFoundError as _error:
     if _error.name != __name__ + "._core":
         raise
@@ -32,7 +52,7 @@ except ModuleNotFoundError as _error:
 
 from . import reference
 from ._version import __version__
-from .functional import rms_norm, rms_norm_backward
+from .functional import add_rms_norm, add_rms_norm_backward, rms_norm, rms_norm_backward
 from .module import RMSNorm
 
 
@@ -53,8 +73,16 @@ def __getattr__(name: str):
 __all__ = [
     "RMSNorm",
     "__version__",
+    "add_backward",
+    "add_backward_offset",
+    "add_forward",
+    "add_forward_offset",
+    "add_rms_norm",
+    "add_rms_norm_backward",
     "backward",
+    "backward_offset",
     "forward",
+    "forward_offset",
     "get_num_threads",
     "rms_norm",
     "rms_norm_backward",

@@ -10,6 +10,15 @@ import numpy as np
 # the signatures (n),(n),()->(n) and (m,n),(m,n),(n),()->(m,n),(n).
 forward: np.ufunc
 backward: np.ufunc
+# The pre-norm block's residual add fused with the norm:
+# (n),(n),(n),()->(n),(n) and (m,n),(m,n),(m,n),(n),()->(m,n),(n).
+add_forward: np.ufunc
+add_backward: np.ufunc
+# Each of the four with a float64 weight_offset operand after the weight.
+forward_offset: np.ufunc
+backward_offset: np.ufunc
+add_forward_offset: np.ufunc
+add_backward_offset: np.ufunc
 # The (x, weight, eps) dtype names of every loop, in the order NumPy tries them.
 dtype_pairs: tuple[tuple[str, str, str], ...]
 

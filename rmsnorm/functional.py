@@ -14,7 +14,17 @@ import numbers
 
 import numpy as np
 
-from ._core import _forward_direct, backward, forward
+from ._core import (
+    _forward_direct,
+    add_backward,
+    add_backward_offset,
+    add_forward,
+    add_forward_offset,
+    backward,
+    backward_offset,
+    forward,
+    forward_offset,
+)
 from ._dtypes import DEFAULT_EPS, EPS_DTYPE, WEIGHT_DTYPES, loop_weight_dtype
 
 
@@ -166,6 +176,38 @@ def _prepare(input, normalized_shape, weight, eps):
     return x, dtype, shape, n, weight_row, weight_dtype, _resolve_eps(eps, dtype)
 
 
+def _resolve_weight_offset(weight_offset, weight) -> np.float64 | None:
+    """The offset as the *_offset gufuncs take it, or None for 0 (the plain ones)."""
+    if not isinstance(weight_offset, numbers.Real) or isinstance(weight_offset, bool):
+        raise TypeError(
+            f"weight_offset must be a real number, got {type(weight_offset).__name__}"
+        )
+    offset = np.float64(weight_offset)
+    if offset == 0:
+        return None
+    if weight is None:
+        raise ValueError(
+            f"weight_offset={weight_offset} needs a weight: the factor is weight_offset + "
+            "weight, and there is no weight"
+        )
+    return offset
+
+
+def _check_residual(residual, x, what: str):
+    """``residual`` as an array of x's shape and dtype, or the error that names the mismatch."""
+    residual = _as_array(residual)
+    if tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(
+            f"{what} must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
+    if residual.dtype != x.dtype:
+        raise TypeError(
+            f"{what} must have the input's dtype {x.dtype}, got {residual.dtype}: "
+            "cast one of them first"
+        )
+    return residual
+
+
 def _rows(array, shape: tuple[int, ...], n: int):
     """``array`` with its last len(shape) dims folded into one of n (a view
     when the layout allows)."""
@@ -174,12 +216,16 @@ def _rows(array, shape: tuple[int, ...], n: int):
     return array.reshape(tuple(array.shape[: array.ndim - len(shape)]) + (n,))
 
 
-def rms_norm(input, normalized_shape, weight=None, eps=None):
+def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
     """RMSNorm over the last ``len(normalized_shape)`` dimensions of ``input``.
 
     Mirrors ``torch.nn.functional.rms_norm``::
 
-        y = input / sqrt(mean(input**2) + eps) * weight
+        y = input / sqrt(mean(input**2) + eps) * (weight_offset + weight)
+
+    ``weight_offset`` (0 in torch) is Gemma's 1 in ``(1 + weight)``: the
+    factor ``weight_offset + weight`` is formed exactly, with no rounding
+    before the output's one rounding. It needs a weight.
 
     ``eps=None`` is the machine epsilon of the compute type (float64's for
     float64 input, float32's for the rest). The result has ``input``'s dtype.
@@ -193,23 +239,31 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     x, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
         input, normalized_shape, weight, eps
     )
+    offset = _resolve_weight_offset(weight_offset, weight)
     # Operands in their loop's dtypes pick that loop by themselves (a
     # byte-swapped x too), so no signature= is passed: a duck array's
     # __array_ufunc__ need not take one (dask's apply_gufunc has a signature
     # argument of its own, and hands dtype= to blockwise, not to the blocks).
     rows = _rows(x, shape, n)
-    y = _forward_direct(rows, weight_row, eps)  # plain arrays: skips the ufunc machinery
-    if y is None:
-        y = forward(rows, weight_row, eps)
+    if offset is not None:
+        y = forward_offset(rows, weight_row, offset, eps)
+    else:
+        y = _forward_direct(rows, weight_row, eps)  # plain arrays: skips the ufunc machinery
+        if y is None:
+            y = forward(rows, weight_row, eps)
     return y if len(shape) == 1 else y.reshape(x.shape)
 
 
-def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=None):
+def rms_norm_backward(
+    grad_output, input, normalized_shape, weight=None, eps=None, *, weight_offset=0.0
+):
     """Gradients of :func:`rms_norm`: ``(grad_input, grad_weight)``.
 
     ``grad_weight`` is summed over every batch dimension, in the weight's
     shape, or None when ``weight`` is None. The arguments are those of the
-    forward call, plus ``grad_output`` in the output's shape.
+    forward call, plus ``grad_output`` in the output's shape. With a
+    ``weight_offset``, ``grad_weight`` is the stored weight's gradient (the
+    same as the factor's).
 
     >>> import numpy as np, rmsnorm
     >>> x = np.array([[3.0, 4.0]])
@@ -220,21 +274,158 @@ def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=Non
     x, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
         input, normalized_shape, weight, eps
     )
-    grad = _as_array(grad_output)
-    _compute_dtype(grad, "grad_output")
-    if tuple(grad.shape) != tuple(x.shape):
-        raise ValueError(
-            f"Mismatch in shape: grad_output has a shape of {tuple(grad.shape)} "
-            f"and input has a shape of {tuple(x.shape)}"
-        )
+    offset = _resolve_weight_offset(weight_offset, weight)
+    grad = _backward_grad(grad_output, x, dtype, "grad_output")
     rows = (math.prod(x.shape[: x.ndim - len(shape)]), n)
     # As in rms_norm: the operands' dtypes, not a signature=, pick the loop.
-    if grad.dtype != dtype:
-        grad = grad.astype(dtype)
-    grad_input, grad_weight = backward(grad.reshape(rows), x.reshape(rows), weight_row, eps)
-    grad_input = grad_input.reshape(x.shape)
+    if offset is None:
+        grad_input, grad_weight = backward(grad.reshape(rows), x.reshape(rows), weight_row, eps)
+    else:
+        grad_input, grad_weight = backward_offset(
+            grad.reshape(rows), x.reshape(rows), weight_row, offset, eps
+        )
+    return _gradients(grad_input.reshape(x.shape), grad_weight, weight, shape, weight_dtype)
+
+
+def _backward_grad(grad_output, x, dtype: np.dtype, what: str):
+    """A gradient argument of the backward: x's shape, as an array of the compute dtype."""
+    grad = _as_array(grad_output)
+    _compute_dtype(grad, what)
+    if tuple(grad.shape) != tuple(x.shape):
+        raise ValueError(
+            f"Mismatch in shape: {what} has a shape of {tuple(grad.shape)} "
+            f"and input has a shape of {tuple(x.shape)}"
+        )
+    return grad if grad.dtype == dtype else grad.astype(dtype)
+
+
+def _gradients(grad_input, grad_weight, weight, shape, weight_dtype):
+    """(grad_input, grad_weight) as the functional backward functions return them."""
     if weight is None:
         return grad_input, None
     # torch gives each gradient its tensor's dtype, also where the loop's
     # weight dtype differs (a float16 weight with float32 input, say).
     return grad_input, grad_weight.reshape(shape).astype(weight_dtype, copy=False)
+
+
+def _check_out(out, x):
+    """out= of add_rms_norm: a pair of arrays (or Nones) of x's shape and dtype
+    that do not share memory with each other."""
+    if out is None:
+        return None, None
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(
+            "out must be a tuple (output, residual_out) of arrays or None, "
+            f"got {type(out).__name__}"
+        )
+    for name, array in zip(("output", "residual_out"), out):
+        if array is None:
+            continue
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"out's {name} must be an ndarray or None, got {type(array).__name__}")
+        if array.shape != tuple(x.shape) or array.dtype != x.dtype:
+            raise ValueError(
+                f"out's {name} must have the input's shape {tuple(x.shape)} and dtype "
+                f"{x.dtype}, got shape {array.shape} and dtype {array.dtype}"
+            )
+        if not array.flags.writeable:
+            raise ValueError(f"out's {name} is read-only")
+    output, residual_out = out
+    if output is not None and residual_out is not None and np.shares_memory(output, residual_out):
+        raise ValueError(
+            "out's output and residual_out overlap: the output would overwrite the sum it "
+            "is computed from. Pass separate arrays (out=(y, residual) updates the residual "
+            "in place)"
+        )
+    return output, residual_out
+
+
+def add_rms_norm(
+    input, residual, normalized_shape, weight=None, eps=None, *, weight_offset=0.0, out=None
+):
+    """The residual add and RMSNorm of a pre-norm block, fused: ``(output, residual_out)``.
+
+    ``residual_out = input + residual``, rounded to the input's dtype, and
+    ``output = rms_norm(residual_out, normalized_shape, weight, eps,
+    weight_offset=weight_offset)``, the same bytes as the two steps unfused,
+    in one pass over memory. ``residual`` must have the input's shape and
+    dtype. ``out=(output, residual_out)`` takes arrays to write into, either
+    None; ``out=(y, residual)`` updates the residual in place, as vLLM's
+    ``fused_add_rms_norm`` does, without a temporary. The two must not
+    overlap.
+
+    >>> import numpy as np, rmsnorm
+    >>> y, h = rmsnorm.add_rms_norm(np.array([[1.0, 3.0]]), np.array([[2.0, 1.0]]), 2, eps=0.0)
+    >>> h
+    array([[3., 4.]])
+    >>> y
+    array([[0.84852814, 1.13137085]])
+    """
+    x, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
+        input, normalized_shape, weight, eps
+    )
+    offset = _resolve_weight_offset(weight_offset, weight)
+    residual = _check_residual(residual, x, "residual")
+    output, residual_out = _check_out(out, x)
+    # Folding out= into rows must give views, or the results would land in copies.
+    outs = tuple(None if a is None else _rows(a, shape, n) for a in (output, residual_out))
+    folded = all(
+        a is None or np.shares_memory(a, r) for a, r in zip((output, residual_out), outs)
+    )
+    operands = (_rows(x, shape, n), _rows(residual, shape, n), weight_row)
+    operands += (eps,) if offset is None else (offset, eps)
+    gufunc = add_forward if offset is None else add_forward_offset
+    results = gufunc(*operands, out=outs if folded and out is not None else (None, None))
+    results = tuple(r if len(shape) == 1 else r.reshape(x.shape) for r in results)
+    if not folded:
+        for target, result in zip((output, residual_out), results):
+            if target is not None:
+                np.copyto(target, result)
+        results = tuple(t if t is not None else r for t, r in zip((output, residual_out), results))
+    return results
+
+
+def add_rms_norm_backward(
+    grad_output,
+    grad_residual_out,
+    residual_out,
+    normalized_shape,
+    weight=None,
+    eps=None,
+    *,
+    weight_offset=0.0,
+):
+    """Gradients of :func:`add_rms_norm`: ``(grad_input, grad_weight)``.
+
+    ``residual_out`` is the forward's second output, the sum that was
+    normalised; ``grad_output`` is the gradient of the forward's output and
+    ``grad_residual_out`` that of ``residual_out`` (None for zeros, where the
+    sum is not used further). ``grad_input`` is the gradient of both the
+    input and the residual::
+
+        grad_input = rms_norm_backward(grad_output, residual_out, ...)[0] + grad_residual_out
+
+    >>> import numpy as np, rmsnorm
+    >>> h = np.array([[3.0, 4.0]])
+    >>> grad_input, grad_weight = rmsnorm.add_rms_norm_backward(
+    ...     np.zeros((1, 2)), np.ones((1, 2)), h, 2, np.ones(2), 0.0)
+    >>> grad_input
+    array([[1., 1.]])
+    """
+    if grad_residual_out is None:
+        return rms_norm_backward(
+            grad_output, residual_out, normalized_shape, weight, eps, weight_offset=weight_offset
+        )
+    h, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
+        residual_out, normalized_shape, weight, eps
+    )
+    offset = _resolve_weight_offset(weight_offset, weight)
+    grad = _backward_grad(grad_output, h, dtype, "grad_output")
+    grad_residual = _backward_grad(grad_residual_out, h, dtype, "grad_residual_out")
+    rows = (math.prod(h.shape[: h.ndim - len(shape)]), n)
+    operands = (grad.reshape(rows), grad_residual.reshape(rows), h.reshape(rows), weight_row)
+    if offset is None:
+        grad_input, grad_weight = add_backward(*operands, eps)
+    else:
+        grad_input, grad_weight = add_backward_offset(*operands, offset, eps)
+    return _gradients(grad_input.reshape(h.shape), grad_weight, weight, shape, weight_dtype)

@@ -27,6 +27,8 @@ def rms_norm(
     normalized_shape: _ShapeLike,
     weight: ArrayLike | None = None,
     eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
 ) -> NDArray[_Float]: ...
 @overload
 def rms_norm(
@@ -34,6 +36,8 @@ def rms_norm(
     normalized_shape: _ShapeLike,
     weight: Any = None,
     eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
 ) -> Any: ...
 @overload
 def rms_norm_backward(
@@ -42,6 +46,8 @@ def rms_norm_backward(
     normalized_shape: _ShapeLike,
     weight: None = None,
     eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
 ) -> tuple[NDArray[_Float], None]: ...
 @overload
 def rms_norm_backward(
@@ -50,6 +56,8 @@ def rms_norm_backward(
     normalized_shape: _ShapeLike,
     weight: ArrayLike,
     eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
 ) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
 @overload
 def rms_norm_backward(
@@ -58,4 +66,61 @@ def rms_norm_backward(
     normalized_shape: _ShapeLike,
     weight: Any = None,
     eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
+) -> tuple[Any, Any]: ...
+@overload
+def add_rms_norm(
+    input: NDArray[_Float],
+    residual: NDArray[_Float],
+    normalized_shape: _ShapeLike,
+    weight: ArrayLike | None = None,
+    eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
+    out: tuple[NDArray[_Float] | None, NDArray[_Float] | None] | None = None,
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def add_rms_norm(
+    input: Any,
+    residual: Any,
+    normalized_shape: _ShapeLike,
+    weight: Any = None,
+    eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
+    out: tuple[Any, Any] | None = None,
+) -> tuple[Any, Any]: ...
+@overload
+def add_rms_norm_backward(
+    grad_output: ArrayLike,
+    grad_residual_out: ArrayLike | None,
+    residual_out: NDArray[_Float],
+    normalized_shape: _ShapeLike,
+    weight: None = None,
+    eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
+) -> tuple[NDArray[_Float], None]: ...
+@overload
+def add_rms_norm_backward(
+    grad_output: ArrayLike,
+    grad_residual_out: ArrayLike | None,
+    residual_out: NDArray[_Float],
+    normalized_shape: _ShapeLike,
+    weight: ArrayLike,
+    eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
+) -> tuple[NDArray[_Float], NDArray[_Float]]: ...
+@overload
+def add_rms_norm_backward(
+    grad_output: Any,
+    grad_residual_out: Any,
+    residual_out: Any,
+    normalized_shape: _ShapeLike,
+    weight: Any = None,
+    eps: _Eps = None,
+    *,
+    weight_offset: float = 0.0,
 ) -> tuple[Any, Any]: ...

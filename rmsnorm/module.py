@@ -7,7 +7,15 @@ import collections.abc
 import numpy as np
 
 from ._dtypes import WEIGHT_DTYPES, resolve_dtype
-from .functional import normalized_shape_tuple, rms_norm, rms_norm_backward, weight_shape_error
+from .functional import (
+    _resolve_weight_offset,
+    add_rms_norm,
+    add_rms_norm_backward,
+    normalized_shape_tuple,
+    rms_norm,
+    rms_norm_backward,
+    weight_shape_error,
+)
 
 # What backward() finds where forward() saved its input, once an earlier
 # backward() has freed it: a second backward is an error, as in torch.
@@ -53,6 +61,14 @@ class RMSNorm:
     ``forward``. ``backward`` uses the weight as it is then: a weight
     assigned or converted (``to``) since the forward is the one it uses.
 
+    ``forward(x, residual)`` is a pre-norm block's step, as vLLM's layer
+    takes it: it normalises ``h = x + residual`` and returns ``(y, h)``;
+    ``backward(grad_output, grad_residual)`` then returns the gradient of
+    both x and the residual. ``weight_offset`` makes the factor
+    ``weight_offset + weight`` (Gemma's ``1 + weight``); the weight then
+    starts as zeros, so that with an offset of 1 the layer starts as plain
+    normalisation.
+
     Of ``torch.nn.Module`` it has what makes sense without autograd or
     devices: ``parameters``/``named_parameters``, ``requires_grad_`` (kept in
     ``weight_requires_grad``), ``train``/``eval`` (the ``training`` flag;
@@ -70,10 +86,15 @@ class RMSNorm:
     array([[0.84852815, 1.1313709 ]], dtype=float32)
     """
 
-    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, *, dtype=None):
+    def __init__(
+        self, normalized_shape, eps=None, elementwise_affine=True, *, weight_offset=0.0, dtype=None
+    ):
         self.normalized_shape = normalized_shape_tuple(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
+        # Checked as the functions check it: a real number, and not without a weight.
+        _resolve_weight_offset(weight_offset, True if elementwise_affine else None)
+        self.weight_offset = float(weight_offset)
         self.training = True
         self.weight_requires_grad = True
         self._weight = None
@@ -82,6 +103,7 @@ class RMSNorm:
             self._weight = np.empty(self.normalized_shape, weight_dtype)
         self.weight_grad = None
         self._saved_input = None
+        self._saved_with_residual = False
         self.reset_parameters()
 
     @property
@@ -115,32 +137,66 @@ class RMSNorm:
         self.weight_grad = None
 
     def reset_parameters(self) -> None:
-        """Sets the weight to ones: the single place it is initialised."""
+        """Sets the weight to ones, or zeros with a weight offset: the single
+        place it is initialised."""
         if self.weight is not None:
-            self.weight[...] = 1
+            self.weight[...] = 0 if self.weight_offset != 0 else 1
 
-    def forward(self, x):
-        """Normalises ``x`` and keeps it for :meth:`backward`."""
-        y = rms_norm(x, self.normalized_shape, self._weight, self.eps)
-        self._saved_input = x
-        return y
+    def forward(self, x, residual=None):
+        """Normalises ``x``, or with a residual ``h = x + residual``, returning ``(y, h)``.
+
+        Keeps what was normalised (``x``, or ``h``) for :meth:`backward`.
+        """
+        if residual is None:
+            y = rms_norm(
+                x, self.normalized_shape, self._weight, self.eps, weight_offset=self.weight_offset
+            )
+            self._saved_input, self._saved_with_residual = x, False
+            return y
+        y, h = add_rms_norm(
+            x,
+            residual,
+            self.normalized_shape,
+            self._weight,
+            self.eps,
+            weight_offset=self.weight_offset,
+        )
+        self._saved_input, self._saved_with_residual = h, True
+        return y, h
 
     __call__ = forward
 
-    def backward(self, grad_output):
+    def backward(self, grad_output, grad_residual=None):
         """The input's gradient for the last forward; adds into ``weight_grad``.
 
-        The weight's gradient is added only while ``weight_requires_grad``.
-        The input saved by forward is freed: a second backward raises
-        RuntimeError until forward runs again.
+        After ``forward(x, residual)``, ``grad_residual`` is the gradient of
+        the returned ``h`` (None for zeros), and the result is the gradient
+        of both x and the residual. The weight's gradient is added only
+        while ``weight_requires_grad``. The input saved by forward is
+        freed: a second backward raises RuntimeError until forward runs
+        again.
         """
         if self._saved_input is None:
             raise ValueError("RMSNorm.backward() called before forward(): there is no input")
         if self._saved_input is _FREED_BY_BACKWARD:
             raise RuntimeError(_SECOND_BACKWARD)
-        grad_input, grad_weight = rms_norm_backward(
-            grad_output, self._saved_input, self.normalized_shape, self._weight, self.eps
-        )
+        if grad_residual is not None and not self._saved_with_residual:
+            raise ValueError(
+                "RMSNorm.backward() got grad_residual, but the last forward() had no residual"
+            )
+        args = (self.normalized_shape, self._weight, self.eps)
+        if self._saved_with_residual:
+            grad_input, grad_weight = add_rms_norm_backward(
+                grad_output,
+                grad_residual,
+                self._saved_input,
+                *args,
+                weight_offset=self.weight_offset,
+            )
+        else:
+            grad_input, grad_weight = rms_norm_backward(
+                grad_output, self._saved_input, *args, weight_offset=self.weight_offset
+            )
         self._saved_input = _FREED_BY_BACKWARD
         if grad_weight is not None and self.weight_requires_grad:
             if self.weight_grad is None:
@@ -278,20 +334,22 @@ class RMSNorm:
         tensors nor ``.grad``.
         """
         state = self.__dict__.copy()
-        del state["_saved_input"], state["weight_grad"]
+        del state["_saved_input"], state["_saved_with_residual"], state["weight_grad"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.weight_grad = None
         self._saved_input = None
+        self._saved_with_residual = False
 
     def extra_repr(self) -> str:
         """The text inside ``RMSNorm(...)`` in the repr, as torch's extra_repr."""
-        return (
+        text = (
             f"{self.normalized_shape}, eps={self.eps}, "
             f"elementwise_affine={self.elementwise_affine}"
         )
+        return text + (f", weight_offset={self.weight_offset}" if self.weight_offset else "")
 
     def __repr__(self) -> str:
         return f"RMSNorm({self.extra_repr()})"

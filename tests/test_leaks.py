@@ -79,6 +79,9 @@ GRAD_WEIGHT_OUT = np.empty_like(WEIGHT)
 INT_X = np.ones((4, 64), np.int64)
 LAYER = rmsnorm.RMSNorm(64)
 LAYER_EMPTY = rmsnorm.RMSNorm(64)
+GEMMA_LAYER = rmsnorm.RMSNorm(64, weight_offset=1.0)
+RESIDUAL = RNG.standard_normal((4, 64)).astype(np.float32)
+RESIDUAL_OUT = np.empty_like(X)
 
 
 def _raises(call):
@@ -97,6 +100,12 @@ def _layer_round_trip():
     LAYER.zero_grad()
 
 
+def _residual_layer_round_trip():
+    GEMMA_LAYER(X, RESIDUAL)
+    GEMMA_LAYER.backward(GRAD, GRAD)
+    GEMMA_LAYER.zero_grad()
+
+
 ENTRY_POINTS = {
     "forward": lambda: rmsnorm.forward(X, WEIGHT, EPS),
     "forward_out": lambda: rmsnorm.forward(X, WEIGHT, EPS, out=OUT),
@@ -106,7 +115,20 @@ ENTRY_POINTS = {
     "rms_norm": lambda: rmsnorm.rms_norm(X, 64, WEIGHT, 1e-5),
     "rms_norm_no_weight": lambda: rmsnorm.rms_norm(X, (64,)),
     "rms_norm_backward": lambda: rmsnorm.rms_norm_backward(GRAD, X, 64, WEIGHT, 1e-5),
+    "add_forward": lambda: rmsnorm.add_forward(X, RESIDUAL, WEIGHT, EPS),
+    "add_forward_out": lambda: rmsnorm.add_forward(X, RESIDUAL, WEIGHT, EPS,
+                                                   out=(OUT, RESIDUAL_OUT)),
+    "add_backward": lambda: rmsnorm.add_backward(GRAD, GRAD, X, WEIGHT, EPS),
+    "forward_offset": lambda: rmsnorm.forward_offset(X, WEIGHT, 1.0, EPS),
+    "backward_offset": lambda: rmsnorm.backward_offset(GRAD, X, WEIGHT, 1.0, EPS),
+    "add_forward_offset": lambda: rmsnorm.add_forward_offset(X, RESIDUAL, WEIGHT, 1.0, EPS),
+    "add_backward_offset": lambda: rmsnorm.add_backward_offset(GRAD, GRAD, X, WEIGHT, 1.0, EPS),
+    "add_rms_norm": lambda: rmsnorm.add_rms_norm(X, RESIDUAL, 64, WEIGHT, 1e-5,
+                                                 weight_offset=1.0),
+    "add_rms_norm_backward": lambda: rmsnorm.add_rms_norm_backward(GRAD, GRAD, X, 64, WEIGHT),
+    "rms_norm_weight_offset": lambda: rmsnorm.rms_norm(X, 64, WEIGHT, weight_offset=1.0),
     "RMSNorm_forward_backward": _layer_round_trip,
+    "RMSNorm_residual_forward_backward": _residual_layer_round_trip,
     "RMSNorm_state_dict": lambda: LAYER.load_state_dict(LAYER.state_dict()),
     "RMSNorm_repr": lambda: repr(LAYER),
     "get_num_threads": rmsnorm.get_num_threads,
@@ -115,6 +137,11 @@ ENTRY_POINTS = {
         X, WEIGHT, EPS, out=INT_X)),
     "error_rms_norm_dtype": _raises(lambda: rmsnorm.rms_norm(INT_X, 64)),
     "error_rms_norm_shape": _raises(lambda: rmsnorm.rms_norm(X, 65)),
+    "error_add_rms_norm_residual_dtype": _raises(lambda: rmsnorm.add_rms_norm(X, X64, 64)),
+    "error_add_rms_norm_out_overlap": _raises(lambda: rmsnorm.add_rms_norm(
+        X, RESIDUAL, 64, out=(OUT, OUT))),
+    "error_weight_offset_type": _raises(lambda: rmsnorm.rms_norm(
+        X, 64, WEIGHT, weight_offset="1")),
     "error_backward_shape": _raises(lambda: rmsnorm.rms_norm_backward(X[:2], X, 64)),
     "error_module_backward": _raises(lambda: LAYER_EMPTY.backward(GRAD)),
     "error_set_num_threads": _raises(lambda: rmsnorm.set_num_threads(0)),
