@@ -416,6 +416,7 @@ typedef struct {
     rms_dd dd;           /* the double path's: hi + lo */
     rms_vf hi, lo;       /* the float path's: hi, inv_rms rounded to float, and the rest */
     rms_vf below, above; /* float16's fast path's: a little below and above inv_rms */
+    int product_error;   /* the fast path's, rms_fast16_product_error */
 } rms_inv_forms;
 
 /* How a row's blocks are written: each in double, each in float, or each
@@ -432,11 +433,10 @@ RMS_ALWAYS_INLINE int rms_has_fast16(rms_kind xk) { return rms_kind_size(xk) == 
 /* How far the fast 16-bit write's product x * w may be from exact, in
    units of 2^-24 relative: 0 where x and w are both 16-bit (11 + 11 or
    8 + 8 significant bits fit a float), 1 where w is a float rounded once
-   to nearest (a float32 weight, or offset + weight as the kernels of a
-   weight offset pass it, in kind F64). */
-RMS_ALWAYS_INLINE int rms_fast16_product_error(rms_kind xk, rms_kind wk)
+   to nearest (a float32 weight, or offset + weight). */
+RMS_ALWAYS_INLINE int rms_fast16_product_error(rms_kind xk, rms_kind wk, int with_offset)
 {
-    return wk == xk ? 0 : 1;
+    return wk == xk && !with_offset ? 0 : 1;
 }
 
 /* The largest float not above v, and the smallest not below: v positive,
@@ -453,16 +453,17 @@ static inline float rms_float_at_least(double v)
     return (double)f < v ? rms_bits_float(rms_float_bits(f) + 1) : f;
 }
 
-RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, rms_dd inv_rms,
-                                                 rms_write_mode mode)
+RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int with_offset,
+                                                 rms_dd inv_rms, rms_write_mode mode)
 {
     rms_inv_forms forms;
+    forms.product_error = rms_fast16_product_error(xk, wk, with_offset);
     forms.dd = inv_rms;
     const float hi = (float)inv_rms.hi;
     forms.hi = rms_vf_set(hi);
     forms.lo = rms_vf_set((float)((inv_rms.hi - (double)hi) + inv_rms.lo));
     /* rms_forward_block_fast16 says why this margin */
-    const double margin = 0x1p-23 * (1 + rms_fast16_product_error(xk, wk));
+    const double margin = 0x1p-23 * (1 + forms.product_error);
     const int fast = mode == RMS_WRITE_FAST16;
     forms.below = rms_vf_set(fast ? rms_float_at_most(inv_rms.hi * (1.0 - margin)) : 0.0f);
     forms.above = rms_vf_set(fast ? rms_float_at_least(inv_rms.hi * (1.0 + margin)) : 0.0f);
@@ -567,6 +568,19 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
     rms_store_rounded(xk, y, ys, count, &hi, &err, stream);
 }
 
+/* rms_forward_block_double with the kinds known at run time only: one copy
+   of its code for every type, for the blocks that take it rarely (a fast
+   write's unsure ones) or off the beaten path (a weight offset's). The
+   write loops then inline only their common case: inlined everywhere, it
+   tripled the kernels' compile time. */
+RMS_NOINLINE void rms_forward_block_double_any(rms_kind xk, rms_kind wk, const char *x,
+                                               ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                               const double *w_lo, char *y, ptrdiff_t ys,
+                                               ptrdiff_t count, rms_dd inv_rms, int stream)
+{
+    rms_forward_block_double(xk, wk, x, xs, w, ws, w_lo, y, ys, count, inv_rms, stream);
+}
+
 /*
  * y for one block of 16-bit x, the cheap way, where that is sure to round
  * as the exact y = x * w * inv_rms does (inv_rms the double-double hi +
@@ -579,7 +593,8 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
  * costs three times the arithmetic.
  *
  * p = x * w is exact in float where w is 16-bit (11 + 11 or 8 + 8
- * significant bits), and within 2^-24 of x * w with a float32 weight, as
+ * significant bits), and within 2^-24 of x * w with a float32 weight or an
+ * offset (w is then offset + weight rounded once to float), as
  * long as it is a normal float: a product of two float16 values always is,
  * other float16 ones need not be (below), bfloat16 ones are checked. From
  * it come two floats lo and hi with |lo| <= |y| <= |hi|, each rounded to 16
@@ -604,7 +619,7 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
  * bits rounds them to bfloat16 half down and half up, an add each (where
  * the magnitude's pattern is below k, to 0 by itself).
  */
-RMS_ALWAYS_INLINE int rms_forward_block_fast16(rms_kind xk, rms_kind wk, const char *x,
+RMS_ALWAYS_INLINE int rms_forward_block_fast16(rms_kind xk, const char *x,
                                                ptrdiff_t xs, const float *w, char *y,
                                                ptrdiff_t ys, ptrdiff_t count,
                                                const rms_inv_forms *inv, int stream)
@@ -619,7 +634,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_fast16(rms_kind xk, rms_kind wk, const c
         unsure = !rms_vh_equal(rms_vf_to_float16(rms_vf_mul(p, inv->below)), hi);
     }
     else {
-        const int k = 2 + rms_fast16_product_error(xk, wk);
+        const int k = 2 + inv->product_error;
         const rms_vf t = rms_vf_mul(p, inv->hi);
         hi = rms_vf_top16_biased(t, 0x8000 + k);
         /* | not ||: one branch on both tests */
@@ -683,102 +698,195 @@ RMS_ALWAYS_INLINE int rms_can_stream(int stream, const char *out, ptrdiff_t stri
            (uintptr_t)out % RMS_VECTOR_BYTES == 0;
 }
 
+/* The weight as a row's write pass reads it: as stored, or with an offset
+   as doubles hi + lo, offset + weight exactly; and as floats for the fast
+   16-bit write. */
+typedef struct {
+    const char *data; /* as stored */
+    ptrdiff_t stride;
+    const double *hi, *lo; /* with an offset; else NULL */
+    const float *floats;   /* NULL where the fast 16-bit write is not to be used */
+} rms_row_weight;
+
 /* One block of the forward, the way mode says. */
 RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                         const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                         const float *w_floats, const double *w_lo, ptrdiff_t at,
-                                         char *y, ptrdiff_t ys, ptrdiff_t count,
+                                         const char *x, ptrdiff_t xs, const rms_row_weight *w,
+                                         ptrdiff_t at, char *y, ptrdiff_t ys, ptrdiff_t count,
                                          const rms_inv_forms *inv, int stream)
 {
+    const char *w_at = rms_element(w->data, at, w->stride);
     if (mode == RMS_WRITE_FAST16 &&
-        rms_forward_block_fast16(xk, wk, x, xs, w_floats + at, y, ys, count, inv, stream)) {
+        rms_forward_block_fast16(xk, x, xs, w->floats + at, y, ys, count, inv, stream)) {
         return;
     }
     if (mode == RMS_WRITE_FLOAT &&
-        rms_forward_block_float(xk, wk, x, xs, w, ws, y, ys, count, inv, stream)) {
+        rms_forward_block_float(xk, wk, x, xs, w_at, w->stride, y, ys, count, inv, stream)) {
         return;
     }
-    rms_forward_block_double(xk, wk, x, xs, w, ws, w_lo == NULL ? NULL : w_lo + at, y, ys, count,
-                             inv->dd, stream);
-}
-
-/* The write loop of rms_forward_write. reduce, a constant at each call,
-   says whether it also adds the next row's squares into next: decided
-   inside the loop, the choice left the compiler keeping those sums in
-   memory, loaded and stored at every step (a tenth of the in-cache 16-bit
-   forward). */
-RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                              ptrdiff_t n, const char *x, ptrdiff_t xs,
-                                              const char *w, ptrdiff_t ws,
-                                              const float *w_floats, const double *w_lo, char *y,
-                                              ptrdiff_t ys, ptrdiff_t head, int streamed,
-                                              const rms_inv_forms *inv, const char *next_x,
-                                              int reduce, rms_lanes *next, ptrdiff_t *next_done)
-{
-    ptrdiff_t i = 0;
-    for (; i < head; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
-        rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
-                          w_floats, w_lo, i, rms_element_out(y, i, ys), ys, count, inv, 0);
+    if (w->lo != NULL) {
+        rms_forward_block_double_any(xk, RMS_KIND_F64, x, xs, (const char *)(w->hi + at), 8,
+                                     w->lo + at, y, ys, count, inv->dd, stream);
     }
-    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
-        if (reduce) {
-            rms_add_squares(xk, next, next_x, xs, *next_done, RMS_LANES, 0, 1.0);
-            *next_done += RMS_LANES;
-        }
-        else if (next_x != NULL) {
-            rms_prefetch(rms_element(next_x, i, xs), RMS_LANES * xs);
-        }
-        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
-            const ptrdiff_t at = i + b;
-            rms_forward_block(xk, wk, mode, rms_element(x, at, xs), xs, rms_element(w, at, ws),
-                              ws, w_floats, w_lo, at, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH,
-                              inv, streamed);
-        }
+    else if (mode != RMS_WRITE_DOUBLE) {
+        rms_forward_block_double_any(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count,
+                                     inv->dd, stream);
     }
-    for (; i < n; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, rms_element(w, i, ws), ws,
-                          w_floats, w_lo, i, rms_element_out(y, i, ys), ys, count, inv, 0);
+    else {
+        rms_forward_block_double(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd,
+                                 stream);
     }
 }
 
 /*
- * Writes y for one row, given its inv_rms, and with next_x returns the
- * next row's sum of squares. In cache the same loop reduces it: the
- * reduction is bound by arithmetic and the write by loads and stores, and
- * one loop doing both lets the core overlap them. Where the output is
- * streamed, rows come from memory and the bus is free while the loop
- * writes: it asks for the next row instead, which is then reduced from
- * cache.
+ * A row's values as its reduction pass makes them: x itself, or, with a
+ * residual, x + residual, written to sum as the pass goes (the row then
+ * normalised is sum).
+ */
+typedef struct {
+    const char *x;
+    const char *residual; /* with_residual only */
+    char *sum;
+    ptrdiff_t x_stride, residual_stride, sum_stride;
+} rms_row_source;
+
+/*
+ * sum = x + residual over [i, i + count), rounded once to x's kind as
+ * NumPy's and torch's own add round it. 16-bit kinds add in float: the
+ * float sum is exact unless one addend is below 2^-13 of the other, too
+ * small to move the sum to a 16-bit midpoint, so its rounding to 16 bits
+ * is the exact sum's.
+ */
+RMS_ALWAYS_INLINE void rms_add_residual(rms_kind xk, const rms_row_source *src, ptrdiff_t i,
+                                        ptrdiff_t count)
+{
+    for (ptrdiff_t b = 0; b < count; b += RMS_VF_WIDTH) {
+        const ptrdiff_t at = i + b;
+        const ptrdiff_t block_count = count - b < RMS_VF_WIDTH ? count - b : RMS_VF_WIDTH;
+        const char *x = rms_element(src->x, at, src->x_stride);
+        const char *r = rms_element(src->residual, at, src->residual_stride);
+        char *sum = rms_element_out(src->sum, at, src->sum_stride);
+        if (xk == RMS_KIND_F64) {
+            const rms_block xv = rms_load_doubles(xk, x, src->x_stride, block_count);
+            const rms_block rv = rms_load_doubles(xk, r, src->residual_stride, block_count);
+            rms_block sv;
+            RMS_UNROLL
+            for (int h = 0; h < RMS_VD_PER_VF; h++) {
+                sv.part[h] = rms_vd_add(xv.part[h], rv.part[h]);
+            }
+            rms_store_doubles(sum, src->sum_stride, block_count, &sv, 0);
+        }
+        else {
+            const rms_vf sv = rms_vf_add(rms_load_floats(xk, x, src->x_stride, block_count),
+                                         rms_load_floats(xk, r, src->residual_stride, block_count));
+            rms_store_floats(xk, sum, src->sum_stride, block_count, sv, 0);
+        }
+    }
+}
+
+/* The reduction pass over [i, i + count), count <= RMS_LANES: the squares
+   of the row's values into lanes, making them first where they are a sum. */
+RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lanes *lanes,
+                                        const rms_row_source *src, ptrdiff_t i, ptrdiff_t count)
+{
+    if (with_residual) {
+        rms_add_residual(xk, src, i, count);
+        rms_add_squares(xk, lanes, src->sum, src->sum_stride, i, count, 0, 1.0);
+    }
+    else {
+        rms_add_squares(xk, lanes, src->x, src->x_stride, i, count, 0, 1.0);
+    }
+}
+
+/* The reduction pass from element done (a multiple of RMS_LANES, the part
+   already in lanes) to the row's end: its sum of squares. */
+RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lanes *lanes,
+                                        ptrdiff_t done, ptrdiff_t n, const rms_row_source *src)
+{
+    for (ptrdiff_t i = done; i < n; i += RMS_LANES) {
+        rms_reduce_lanes(xk, with_residual, lanes, src, i, n - i < RMS_LANES ? n - i : RMS_LANES);
+    }
+    return rms_lanes_total(lanes, RMS_LANES);
+}
+
+/* The write loop of rms_forward_write. reduce, a constant at each call,
+   says whether it also runs the next row's reduction pass into next_lanes:
+   decided inside the loop, the choice left the compiler keeping those sums
+   in memory, loaded and stored at every step (a tenth of the in-cache
+   16-bit forward). */
+RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                              int with_residual, ptrdiff_t n, const char *x,
+                                              ptrdiff_t xs, const rms_row_weight *w, char *y,
+                                              ptrdiff_t ys, ptrdiff_t head, int streamed,
+                                              const rms_inv_forms *inv, const rms_row_source *next,
+                                              int reduce, rms_lanes *next_lanes,
+                                              ptrdiff_t *next_done)
+{
+    ptrdiff_t i = 0;
+    for (; i < head; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
+        rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, w, i,
+                          rms_element_out(y, i, ys), ys, count, inv, 0);
+    }
+    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
+        if (reduce) {
+            rms_reduce_lanes(xk, with_residual, next_lanes, next, *next_done, RMS_LANES);
+            *next_done += RMS_LANES;
+        }
+        else if (next != NULL) {
+            rms_prefetch(rms_element(next->x, i, next->x_stride), RMS_LANES * next->x_stride);
+            if (with_residual) {
+                rms_prefetch(rms_element(next->residual, i, next->residual_stride),
+                             RMS_LANES * next->residual_stride);
+            }
+        }
+        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
+            const ptrdiff_t at = i + b;
+            rms_forward_block(xk, wk, mode, rms_element(x, at, xs), xs, w, at,
+                              rms_element_out(y, at, ys), ys, RMS_VF_WIDTH, inv, streamed);
+        }
+    }
+    for (; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, w, i,
+                          rms_element_out(y, i, ys), ys, count, inv, 0);
+    }
+}
+
+/*
+ * Writes y for one row, given its inv_rms, and with next returns the next
+ * row's sum of squares. In cache the same loop runs the next row's
+ * reduction pass: it is bound by arithmetic and the write by loads and
+ * stores, and one loop doing both lets the core overlap them. Where the
+ * output is streamed, rows come from memory and the bus is free while the
+ * loop writes: it asks for the next row instead, whose reduction pass then
+ * runs from cache.
  */
 RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                           ptrdiff_t n, const char *x, ptrdiff_t xs, const char *w,
-                                           ptrdiff_t ws, const float *w_floats,
-                                           const double *w_lo, char *y, ptrdiff_t ys, int stream,
-                                           rms_dd inv_rms,
-                                           const char *next_x)
+                                           int with_residual, ptrdiff_t n, const char *x,
+                                           ptrdiff_t xs, const rms_row_weight *w, char *y,
+                                           ptrdiff_t ys, int stream, rms_dd inv_rms,
+                                           const rms_row_source *next)
 {
-    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, inv_rms, mode);
+    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->lo != NULL, inv_rms, mode);
     const ptrdiff_t size = rms_kind_size(xk);
     const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
     const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
-    rms_lanes next;
-    rms_lanes_clear(&next);
+    rms_lanes next_lanes;
+    rms_lanes_clear(&next_lanes);
     ptrdiff_t next_done = 0;
-    if (next_x != NULL && !streamed) {
-        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, w_lo, y, ys, head, streamed,
-                               &inv, next_x, 1, &next, &next_done);
+    if (next != NULL && !streamed) {
+        rms_forward_write_loop(xk, wk, mode, with_residual, n, x, xs, w, y, ys, head, streamed,
+                               &inv, next, 1, &next_lanes, &next_done);
     }
     else {
-        rms_forward_write_loop(xk, wk, mode, n, x, xs, w, ws, w_floats, w_lo, y, ys, head, streamed,
-                               &inv, next_x, 0, &next, &next_done);
+        rms_forward_write_loop(xk, wk, mode, with_residual, n, x, xs, w, y, ys, head, streamed,
+                               &inv, next, 0, &next_lanes, &next_done);
     }
-    if (next_x == NULL) {
+    if (next == NULL) {
         rms_dd none = {0.0, 0.0};
         return none;
     }
-    return rms_finish_squares(xk, &next, next_done, n, next_x, xs, 0, 1.0);
+    return rms_reduce_row(xk, with_residual, &next_lanes, next_done, n, next);
 }
 
 /*
@@ -791,26 +899,35 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
  * float's range and the float path's result is not the correctly rounded
  * one near a tie. The float path is float32's alone.
  */
-RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *x,
-                                         ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                         const float *w_floats, const double *w_lo, double eps,
-                                         char *y, ptrdiff_t ys, int stream, rms_dd sum_squares,
-                                         const char *next_x)
+RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_residual, ptrdiff_t n,
+                                         const char *x, ptrdiff_t xs, const rms_row_weight *w,
+                                         double eps, char *y, ptrdiff_t ys, int stream,
+                                         rms_dd sum_squares, const rms_row_source *next)
 {
     const rms_dd inv_rms = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
     const int in_float_range = inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100;
+    rms_write_mode mode = RMS_WRITE_DOUBLE;
     if (rms_has_fast16(xk)) {
-        if (w_floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
-            return rms_forward_write(xk, wk, RMS_WRITE_FAST16, n, x, xs, w, ws, w_floats, w_lo, y,
-                                     ys, stream, inv_rms, next_x);
+        if (w->floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
+            mode = RMS_WRITE_FAST16;
         }
     }
-    else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && in_float_range) {
-        return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, n, x, xs, w, ws, w_floats, w_lo, y, ys,
-                                 stream, inv_rms, next_x);
+    else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && w->lo == NULL &&
+             in_float_range) {
+        mode = RMS_WRITE_FLOAT;
     }
-    return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, n, x, xs, w, ws, w_floats, w_lo, y, ys,
-                             stream, inv_rms, next_x);
+    /* a constant mode at each call, so that each write loop is its own code */
+    switch (mode) {
+    case RMS_WRITE_FAST16:
+        return rms_forward_write(xk, wk, RMS_WRITE_FAST16, with_residual, n, x, xs, w, y, ys,
+                                 stream, inv_rms, next);
+    case RMS_WRITE_FLOAT:
+        return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, x, xs, w, y, ys,
+                                 stream, inv_rms, next);
+    default:
+        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, with_residual, n, x, xs, w, y, ys,
+                                 stream, inv_rms, next);
+    }
 }
 
 /* The weight as floats, for the fast 16-bit write. */
@@ -857,125 +974,32 @@ RMS_ALWAYS_INLINE void rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w
     }
 }
 
-/*
- * x + residual for one row, into out, rounded once to x's kind as NumPy's
- * and torch's own add round it; returns the sum of squares of out, lane by
- * lane as rms_sum_squares would. 16-bit kinds add in float: the float sum
- * is exact unless one addend is below 2^-13 of the other, too small to
- * move the sum to a 16-bit midpoint, so its rounding to 16 bits is the
- * exact sum's.
- */
-RMS_ALWAYS_INLINE rms_dd rms_add_residual_row(rms_kind xk, ptrdiff_t n, const char *x,
-                                              ptrdiff_t xs, const char *residual, ptrdiff_t rs,
-                                              char *out, ptrdiff_t os)
+/* Row r's source, as rms_row_source says; with every stride unit_stride
+   where that is not 0 (contiguous rows: a constant to the compiler). */
+RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int with_residual,
+                                               ptrdiff_t r, ptrdiff_t unit_stride)
 {
-    rms_lanes lanes;
-    rms_lanes_clear(&lanes);
-    for (ptrdiff_t i = 0; i < n; i += RMS_LANES) {
-        const ptrdiff_t lanes_count = n - i < RMS_LANES ? n - i : RMS_LANES;
-        for (ptrdiff_t b = 0; b < lanes_count; b += RMS_VF_WIDTH) {
-            const ptrdiff_t at = i + b;
-            const ptrdiff_t count = lanes_count - b < RMS_VF_WIDTH ? lanes_count - b : RMS_VF_WIDTH;
-            const char *xa = rms_element(x, at, xs), *ra = rms_element(residual, at, rs);
-            char *oa = rms_element_out(out, at, os);
-            if (xk == RMS_KIND_F64) {
-                const rms_block xv = rms_load_doubles(xk, xa, xs, count);
-                const rms_block rv = rms_load_doubles(xk, ra, rs, count);
-                rms_block sum;
-                RMS_UNROLL
-                for (int h = 0; h < RMS_VD_PER_VF; h++) {
-                    sum.part[h] = rms_vd_add(xv.part[h], rv.part[h]);
-                }
-                rms_store_doubles(oa, os, count, &sum, 0);
-            }
-            else {
-                const rms_vf sum = rms_vf_add(rms_load_floats(xk, xa, xs, count),
-                                              rms_load_floats(xk, ra, rs, count));
-                rms_store_floats(xk, oa, os, count, sum, 0);
-            }
-        }
-        rms_add_squares(xk, &lanes, out, os, i, lanes_count, 0, 1.0);
+    rms_row_source src = {rms_element(p->x.data, r, p->x.row_stride), NULL, NULL,
+                          unit_stride ? unit_stride : p->x.stride, 0, 0};
+    if (with_residual) {
+        src.residual = rms_element(p->residual.data, r, p->residual.row_stride);
+        src.sum = rms_element_out(p->residual_out.data, r, p->residual_out.row_stride);
+        src.residual_stride = unit_stride ? unit_stride : p->residual.stride;
+        src.sum_stride = unit_stride ? unit_stride : p->residual_out.stride;
     }
-    return rms_lanes_total(&lanes, RMS_LANES);
-}
-
-/*
- * The forward's rows [row_begin, row_end), with the weight as stored (kind
- * wk), or, with_offset, as offset + weight in hi + lo doubles (the write
- * pass then reads kind F64, and the lo part besides). scratch holds n
- * floats (the weight as the fast 16-bit write takes it, or NULL where
- * there is none), and with an offset 2n doubles. Contiguous rows get the
- * strides as constants, which lets each block be one vector load or store.
- */
-RMS_ALWAYS_INLINE void rms_forward_rows_weighted(rms_kind xk, rms_kind wk, int with_offset,
-                                                 const rms_forward_problem *p,
-                                                 ptrdiff_t row_begin, ptrdiff_t row_end,
-                                                 float *w_floats, double *w_hi, double *w_lo)
-{
-    const ptrdiff_t n = p->n;
-    const rms_kind factor_kind = with_offset ? RMS_KIND_F64 : wk;
-    const ptrdiff_t es = rms_kind_size(xk), fs = rms_kind_size(factor_kind);
-    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
-    const int contiguous = p->x.stride == es && p->y.stride == es &&
-                           (with_offset || p->weight.stride == fs);
-    const int weight_per_row =
-        p->weight.row_stride != 0 || (with_offset && p->weight_offset_stride != 0);
-    rms_dd sum_squares = {0.0, 0.0};
-    if (contiguous && p->residual.data == NULL) {
-        sum_squares = rms_sum_squares(xk, n, rms_element(p->x.data, row_begin, p->x.row_stride), es,
-                                      0, 1.0);
-    }
-    for (ptrdiff_t r = row_begin; r < row_end; r++) {
-        const char *x = rms_element(p->x.data, r, p->x.row_stride);
-        const char *w = rms_element(p->weight.data, r, p->weight.row_stride);
-        char *y = rms_element_out(p->y.data, r, p->y.row_stride);
-        const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
-        if (r == row_begin || weight_per_row) {
-            if (with_offset) {
-                const double offset = rms_load_scalar(
-                    RMS_KIND_F64, rms_element(p->weight_offset, r, p->weight_offset_stride));
-                rms_offset_weight(wk, n, w, p->weight.stride, offset, w_hi, w_lo, w_floats);
-            }
-            else if (w_floats != NULL) {
-                rms_weight_floats(wk, n, w, p->weight.stride, w_floats);
-            }
-        }
-        const char *factor = with_offset ? (const char *)w_hi : w;
-        const ptrdiff_t factor_stride = with_offset ? 8 : p->weight.stride;
-        if (p->residual.data != NULL) {
-            /* The row is x + residual, written first and normalised from cache. */
-            char *h = rms_element_out(p->residual_out.data, r, p->residual_out.row_stride);
-            const ptrdiff_t hs = p->residual_out.stride;
-            const rms_dd h_squares = rms_add_residual_row(
-                xk, n, x, p->x.stride, rms_element(p->residual.data, r, p->residual.row_stride),
-                p->residual.stride, h, hs);
-            rms_forward_row(xk, factor_kind, n, h, hs, factor, factor_stride, w_floats, w_lo, eps,
-                            y, p->y.stride, p->stream_output, h_squares, NULL);
-            continue;
-        }
-        if (!contiguous) {
-            rms_forward_row(xk, factor_kind, n, x, p->x.stride, factor, factor_stride, w_floats,
-                            w_lo, eps, y, p->y.stride, 0,
-                            rms_sum_squares(xk, n, x, p->x.stride, 0, 1.0), NULL);
-            continue;
-        }
-        const char *next_x =
-            r + 1 < row_end ? rms_element(p->x.data, r + 1, p->x.row_stride) : NULL;
-        sum_squares = rms_forward_row(xk, factor_kind, n, x, es, factor, fs, w_floats, w_lo, eps,
-                                      y, es, p->stream_output, sum_squares, next_x);
-    }
-    if (RMS_HAVE_STREAM && p->stream_output) {
-        rms_stream_fence(); /* streamed stores are seen before the caller reads y */
-    }
+    return src;
 }
 
 /*
  * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
  * weight as floats: converted (a float32 one copied) once for rows that
  * share it, rather than in every row's write (a tenth of the float16
- * forward). Where that memory cannot be had, rows go in double; returns -1
- * only where a weight offset's 2n doubles cannot be had, having written
- * nothing.
+ * forward); with an offset, offset + weight is formed likewise, as doubles
+ * and as floats. Where the floats' memory cannot be had, rows go in
+ * double; returns -1 only where an offset's 2n doubles cannot be had,
+ * having written nothing. Contiguous rows get the strides as constants,
+ * which lets each block be one vector load or store, and the next row's
+ * reduction pass rides in the current row's write.
  */
 RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forward_problem *p,
                                        ptrdiff_t row_begin, ptrdiff_t row_end)
@@ -985,19 +1009,64 @@ RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forwa
         return 0;
     }
     const int with_offset = p->weight_offset != NULL;
+    const int with_residual = p->residual.data != NULL;
     const size_t floats_bytes = rms_has_fast16(xk) ? (size_t)n * sizeof(float) : 0;
     const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
     char *scratch = floats_bytes + offset_bytes > 0 ? malloc(offset_bytes + floats_bytes) : NULL;
     if (scratch == NULL && offset_bytes > 0) {
         return -1;
     }
-    double *w_hi = (double *)scratch; /* doubles first: malloc aligns for them */
+    double *w_hi = with_offset ? (double *)scratch : NULL; /* first: malloc aligns for doubles */
+    double *w_lo = with_offset ? w_hi + n : NULL;
     float *w_floats = scratch != NULL && floats_bytes > 0 ? (float *)(scratch + offset_bytes) : NULL;
-    if (with_offset) {
-        rms_forward_rows_weighted(xk, wk, 1, p, row_begin, row_end, w_floats, w_hi, w_hi + n);
+    rms_row_weight w = {NULL, p->weight.stride, w_hi, w_lo, w_floats};
+
+    const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
+    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
+    const int contiguous =
+        p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
+        (!with_residual || (p->residual.stride == es && p->residual_out.stride == es));
+    const int weight_per_row =
+        p->weight.row_stride != 0 || (with_offset && p->weight_offset_stride != 0);
+    rms_dd sum_squares = {0.0, 0.0};
+    if (contiguous) {
+        rms_lanes lanes;
+        rms_lanes_clear(&lanes);
+        const rms_row_source first = rms_source_of(p, with_residual, row_begin, es);
+        sum_squares = rms_reduce_row(xk, with_residual, &lanes, 0, n, &first);
     }
-    else {
-        rms_forward_rows_weighted(xk, wk, 0, p, row_begin, row_end, w_floats, NULL, NULL);
+    for (ptrdiff_t r = row_begin; r < row_end; r++) {
+        w.data = rms_element(p->weight.data, r, p->weight.row_stride);
+        char *y = rms_element_out(p->y.data, r, p->y.row_stride);
+        const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
+        if (r == row_begin || weight_per_row) {
+            if (with_offset) {
+                const double offset = rms_load_scalar(
+                    RMS_KIND_F64, rms_element(p->weight_offset, r, p->weight_offset_stride));
+                rms_offset_weight(wk, n, w.data, w.stride, offset, w_hi, w_lo, w_floats);
+            }
+            else if (w_floats != NULL) {
+                rms_weight_floats(wk, n, w.data, w.stride, w_floats);
+            }
+        }
+        const rms_row_source src = rms_source_of(p, with_residual, r, contiguous ? es : 0);
+        const char *values = with_residual ? src.sum : src.x;
+        if (!contiguous) {
+            rms_lanes lanes;
+            rms_lanes_clear(&lanes);
+            rms_forward_row(xk, wk, with_residual, n, values,
+                            with_residual ? src.sum_stride : src.x_stride, &w, eps, y,
+                            p->y.stride, 0, rms_reduce_row(xk, with_residual, &lanes, 0, n, &src),
+                            NULL);
+            continue;
+        }
+        const rms_row_source next =
+            rms_source_of(p, with_residual, r + 1 < row_end ? r + 1 : r, es);
+        sum_squares = rms_forward_row(xk, wk, with_residual, n, values, es, &w, eps, y, es,
+                                      p->stream_output, sum_squares, r + 1 < row_end ? &next : NULL);
+    }
+    if (RMS_HAVE_STREAM && p->stream_output) {
+        rms_stream_fence(); /* streamed stores are seen before the caller reads y */
     }
     free(scratch);
     return 0;
@@ -1120,10 +1189,11 @@ RMS_ALWAYS_INLINE void rms_backward_any_block(
     }
 }
 
-/* A row of the backward's grad_residual_out, where add_residual. */
+/* A row of the backward's grad_residual_out, where add_residual, and the
+   same row of the row further on that the write loop asks for (or NULL). */
 typedef struct {
     int add_residual;
-    const char *data;
+    const char *data, *ahead;
     ptrdiff_t stride;
 } rms_grad_residual;
 
@@ -1189,6 +1259,9 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
             rms_prefetch(rms_element(ahead_grad_output, i, grad_output_stride),
                          RMS_LANES * grad_output_stride);
             rms_prefetch(rms_element(ahead_x, i, xs), RMS_LANES * xs);
+            if (gr.add_residual) {
+                rms_prefetch(rms_element(gr.ahead, i, gr.stride), RMS_LANES * gr.stride);
+            }
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
             RMS_BACKWARD_BLOCK_AT(i + b, RMS_VF_WIDTH, streamed);
@@ -1200,8 +1273,9 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
 #undef RMS_BACKWARD_BLOCK_AT
 }
 
-/* The backward's rows, with or without grad_residual_out (add_residual, a
-   constant at each call, so that the rows without it carry no test). */
+/* The backward's rows, with or without grad_residual_out (add_residual: a
+   test per block, well predicted; a code path each would double the
+   backward's compile time). */
 RMS_ALWAYS_INLINE void rms_backward_rows_of(rms_kind xk, rms_kind wk, int add_residual,
                                             const rms_backward_problem *p, ptrdiff_t row_begin,
                                             ptrdiff_t row_end, const double *weight,
@@ -1223,13 +1297,15 @@ RMS_ALWAYS_INLINE void rms_backward_rows_of(rms_kind xk, rms_kind wk, int add_re
         const char *grad_output = rms_element(p->grad_output.data, r, p->grad_output.row_stride);
         const char *x = rms_element(p->x.data, r, p->x.row_stride);
         char *grad_input = rms_element_out(p->grad_input.data, r, p->grad_input.row_stride);
-        const rms_grad_residual gr = {
-            add_residual,
-            add_residual ? rms_element(p->grad_residual_out.data, r, p->grad_residual_out.row_stride)
-                         : NULL,
-            add_residual ? (contiguous ? es : p->grad_residual_out.stride) : 0};
+        const int ahead = contiguous && r + AHEAD < ahead_end;
+        rms_grad_residual gr = {add_residual, NULL, NULL, 0};
+        if (add_residual) {
+            gr.data =
+                rms_element(p->grad_residual_out.data, r, p->grad_residual_out.row_stride);
+            gr.ahead = ahead ? rms_element(gr.data, AHEAD, p->grad_residual_out.row_stride) : NULL;
+            gr.stride = contiguous ? es : p->grad_residual_out.stride;
+        }
         if (contiguous) {
-            const int ahead = r + AHEAD < ahead_end;
             rms_backward_row(
                 xk, wk, p->n, grad_output, es, x, es, weight, p->weight, p->weight_stride,
                 w_as_stored, eps, gr, grad_input, es, grad_weight_partial, p->stream_output,
@@ -1251,12 +1327,8 @@ RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_bac
                                          ptrdiff_t row_begin, ptrdiff_t row_end,
                                          const double *weight, double *grad_weight_partial)
 {
-    if (p->grad_residual_out.data != NULL) {
-        rms_backward_rows_of(xk, wk, 1, p, row_begin, row_end, weight, grad_weight_partial);
-    }
-    else {
-        rms_backward_rows_of(xk, wk, 0, p, row_begin, row_end, weight, grad_weight_partial);
-    }
+    rms_backward_rows_of(xk, wk, p->grad_residual_out.data != NULL, p, row_begin, row_end, weight,
+                         grad_weight_partial);
 }
 
 /* The backward's weight as doubles, and grad_weight back into its kind. */

@@ -4,8 +4,10 @@
 
 #if defined(__GNUC__)
 #define RMS_ALWAYS_INLINE static inline __attribute__((always_inline))
+#define RMS_NOINLINE static __attribute__((noinline))
 #else
 #define RMS_ALWAYS_INLINE static inline
+#define RMS_NOINLINE static
 #endif
 
 #endif
