@@ -516,9 +516,9 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const ch
 }
 
 /* The same in double, for every type: exact products where x and w are
-   floats, and a compensated product where either is a double. Without
-   fused multiply-adds, u_hi * w + low would round twice: the sum is then
-   formed as hi + err with u_hi * w's exact error, also for float64.
+   floats, and a compensated product where either is a double, formed as
+   hi + err with the product's exact error (u_hi * w + low in one fused
+   multiply-add would round the same but lose -0), rounded once from there.
    w_lo, where not NULL, holds the part of the weight that w (doubles)
    leaves out: offset + weight is w + w_lo exactly. */
 RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
@@ -539,9 +539,15 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
         const rms_vd xh = xv.part[h], wh = wv.part[h];
         if (rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk) && w_lo == NULL) {
             const rms_vd xw = rms_vd_mul(xh, wh); /* exact */
-            hi.part[h] = rms_vd_mul(xw, inv_hi);
+            const rms_vd p = rms_vd_mul(xw, inv_hi);
+            const rms_vd tail = rms_vd_zero_where_inf(
+                rms_vd_muladd(xw, inv_lo, rms_vd_product_error(xw, inv_hi, p)), wh);
+            /* tail may pass half an ulp of p: renormalised, as round to odd
+               needs, by a fast two-sum that keeps p's sign where both are
+               zeros */
+            hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
             err.part[h] = rms_vd_zero_where_inf(
-                rms_vd_muladd(xw, inv_lo, rms_vd_product_error(xw, inv_hi, hi.part[h])), wh);
+                rms_vd_sub(tail, rms_vd_sub(hi.part[h], p)), hi.part[h]);
             continue;
         }
         const rms_vd u_hi = rms_vd_mul(xh, inv_hi);
@@ -551,19 +557,15 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
             w_lo != NULL ? rms_vd_muladd(u_hi, w_lo_v.part[h], rms_vd_mul(u_lo, wh))
                          : rms_vd_mul(u_lo, wh),
             wh);
-        if (xk == RMS_KIND_F64 && RMS_HAVE_FMA) {
-            hi.part[h] = rms_vd_muladd(u_hi, wh, low); /* the output's one rounding */
-            err.part[h] = rms_vd_set(0.0);
-        }
-        else {
-            const rms_vd p = rms_vd_mul(u_hi, wh);
-            const rms_vd tail =
-                rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
-            /* p - (0 - tail) is p + tail, but keeps p's sign where both
-               are zeros (x = 0 with a negative w gives -0, as in torch) */
-            hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
-            err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
-        }
+        /* Not fma(u_hi, w, low) for float64, one rounding fewer: where
+           the product is -0 and low +0, it gives +0, not torch's -0. */
+        const rms_vd p = rms_vd_mul(u_hi, wh);
+        const rms_vd tail =
+            rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
+        /* p - (0 - tail) is p + tail, but keeps p's sign where both
+           are zeros (x = 0 with a negative w gives -0, as in torch) */
+        hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
+        err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
     }
     rms_store_rounded(xk, y, ys, count, &hi, &err, stream);
 }
@@ -945,11 +947,15 @@ RMS_ALWAYS_INLINE void rms_weight_floats(rms_kind wk, ptrdiff_t n, const char *w
  * offset + weight, exactly, as n doubles hi + lo (an error-free sum: lo is
  * what hi, the sum rounded to double, leaves out; 0 where hi is not
  * finite), and, where floats is not NULL, as floats: the exact sum rounded
- * once, through hi rounded to odd.
+ * once, through hi rounded to odd. Returns whether the fast 16-bit write
+ * may take those floats: not where one is infinite or NaN (a sum past
+ * float's range makes 0 * inf of a zero x), nor, to keep the test to one
+ * vector operation, below 2^-96 (those rows go in double).
  */
-RMS_ALWAYS_INLINE void rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w, ptrdiff_t ws,
-                                         double offset, double *hi, double *lo, float *floats)
+RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w, ptrdiff_t ws,
+                                        double offset, double *hi, double *lo, float *floats)
 {
+    int floats_usable = 1;
     const rms_vd o = rms_vd_set(offset);
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
@@ -968,10 +974,12 @@ RMS_ALWAYS_INLINE void rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w
         rms_store_doubles((char *)(hi + i), 8, count, &sum, 0);
         rms_store_doubles((char *)(lo + i), 8, count, &err, 0);
         if (floats != NULL) {
-            rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count,
-                             rms_vf_narrow(odd.part), 0);
+            const rms_vf f = rms_vf_narrow(odd.part);
+            floats_usable &= !rms_vf_any_abnormal(rms_vf_mul(f, rms_vf_set(0x1p-30f)));
+            rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count, f, 0);
         }
     }
+    return floats_usable;
 }
 
 /* Row r's source, as rms_row_source says; with every stride unit_stride
@@ -1043,7 +1051,9 @@ RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forwa
             if (with_offset) {
                 const double offset = rms_load_scalar(
                     RMS_KIND_F64, rms_element(p->weight_offset, r, p->weight_offset_stride));
-                rms_offset_weight(wk, n, w.data, w.stride, offset, w_hi, w_lo, w_floats);
+                const int usable =
+                    rms_offset_weight(wk, n, w.data, w.stride, offset, w_hi, w_lo, w_floats);
+                w.floats = usable ? w_floats : NULL;
             }
             else if (w_floats != NULL) {
                 rms_weight_floats(wk, n, w.data, w.stride, w_floats);
