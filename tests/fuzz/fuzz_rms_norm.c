@@ -8,18 +8,23 @@
  * float32 with a float64 one), an instruction set, a row count and length,
  * element and row strides (negative, zero, padded), eps, and the values
  * themselves, with 0, +-inf and NaN among x and, separately, among the
- * forward's weights. The kernels' results are checked against a scalar
- * reference in long double written here (16-bit values are encoded, decoded
- * and rounded here too, not by the kernels' own conversions), and
- * everything around the outputs is checked too: inputs unchanged, gaps
- * between strided output elements unchanged, and (under ASan) no byte
- * outside the buffers touched. A rare "big" input runs a problem large
+ * forward's weights. Some problems take a weight offset (Gemma's 1 + weight:
+ * one float64 per row, or one for all, in the forward), some a residual: the
+ * forward normalises x + residual, written to residual_out (its own buffer,
+ * or in place over x or the residual), the backward adds grad_residual_out.
+ * The kernels' results are checked against a scalar reference in long
+ * double written here (16-bit values are encoded, decoded and rounded here
+ * too, not by the kernels' own conversions), and everything around the
+ * outputs is checked too: inputs unchanged, gaps between strided output
+ * elements unchanged, and (under ASan) no byte outside the buffers touched. A rare "big" input runs a problem large
  * enough for the thread pool and checks that 1 and k threads give the same
  * bytes.
  *
  * Build and run: .ci/fuzz.sh. Reproduce a crash: ./fuzz_rms_norm crash-<hash>.
  *
  * Accuracy checked:
+ *   residual_out: x + residual rounded once (exactly; y is then checked as
+ *                 the forward of residual_out)
  *   y:            the exact result rounded once to the output type (0.5 ULP),
  *                 for every type and instruction set: y must equal the long
  *                 double reference rounded to the type, except where the
@@ -30,7 +35,8 @@
  *                 weight; the kernels round x_hat first, in torch's order)
  *                 and u_lo * w (2^-1075). An infinite weight gives +-inf
  *                 where x_hat (x * inv_rms, in double) is not 0, and NaN where
- *                 it is 0, as torch does.
+ *                 it is 0, as torch does. With an offset the factor is
+ *                 offset + weight, exactly (to 2^-64 in long double).
  *   grad_input:   1 ULP (16- and 32-bit x), 3 ULP (float64 x), plus 8
  *                 roundings of the terms it is the difference of (it
  *                 cancels): double roundings, or float roundings for 16-bit x
@@ -347,6 +353,12 @@ static long double value_at(const operand *op, ptrdiff_t row, ptrdiff_t i)
     return load(op->kind, at(op, row, i));
 }
 
+/* The value before the kernels ran, for an operand they update in place. */
+static long double original_at(const operand *op, ptrdiff_t row, ptrdiff_t i)
+{
+    return load(op->kind, op->copy + (at(op, row, i) - op->block));
+}
+
 static void fill_values(operand *op, input *in, value_class range)
 {
     for (size_t offset = 0; offset < op->bytes; offset += (size_t)op->size) {
@@ -539,6 +551,16 @@ static long double pick_eps(input *in, rms_kind kind, char *out)
     return load(kind, out);
 }
 
+/* A weight offset: Gemma's 1 and other round ones, 0 (the kernels then take
+   none), or a value of either range (the forward's reach past float's,
+   where offset + weight is finite in double only). */
+static double pick_offset(input *in, value_class range, value_class other_range)
+{
+    static const double table[6] = {1.0, 1.0, -0.5, 0x1p-20, 0.0, -1.0};
+    unsigned choice = take(in, 1) % 8;
+    return choice < 6 ? table[choice] : make_value(in, choice == 6 ? range : other_range);
+}
+
 /* ---- forward -------------------------------------------------------------------------- */
 
 /* sum(x^2) over a row, compensated (Neumaier): the squares of 16- and
@@ -572,11 +594,12 @@ static void run_forward(const shape *s, input *in)
     const fuzz_type *t = s->type;
     const ptrdiff_t rows = s->rows, n = s->n;
     ptrdiff_t xs = pick_stride(in, 1), ws = pick_stride(in, 1), ys = pick_stride(in, 0);
-    operand x, w, y, eps;
+    operand x, w, y, eps, offsets, residual, residual_out;
     operand_init(&x, rows, n, pick_row_stride(in, n, xs, 1), xs, t->x);
     operand_init(&w, rows, n, pick_row_stride(in, n, ws, 1), ws, t->weight);
     operand_init(&y, rows, n, pick_row_stride(in, n, ys, 0), ys, t->x);
-    int eps_per_row = take(in, 1) & 1;
+    unsigned variant = take(in, 1);
+    int eps_per_row = variant & 1;
     operand_init(&eps, rows, 1, eps_per_row ? 1 : 0, 1, t->eps);
     for (size_t offset = 0; offset < eps.bytes; offset += (size_t)eps.size) {
         pick_eps(in, t->eps, eps.block + offset);
@@ -585,6 +608,30 @@ static void run_forward(const shape *s, input *in)
     fill_values(&x, in, s->x_range);
     fill_values(&w, in, s->weight_range);
     fill_sentinel(&y);
+    /* A weight offset per row or one for all; a residual, and residual_out
+       in its own buffer, or over x or the residual where their elements
+       are apart (not in a big problem, which runs twice). */
+    const int with_offset = (variant >> 1) & 1, with_residual = (variant >> 2) & 1;
+    operand_init(&offsets, rows, 1, (variant >> 3) & 1, 1, RMS_KIND_F64);
+    for (size_t offset = 0; offset < offsets.bytes; offset += 8) {
+        store(RMS_KIND_F64, offsets.block + offset, pick_offset(in, MODERATE, WIDE));
+    }
+    memcpy(offsets.copy, offsets.block, offsets.bytes);
+    ptrdiff_t rs = pick_stride(in, 1), hs = pick_stride(in, 0);
+    operand_init(&residual, rows, n, pick_row_stride(in, n, rs, 1), rs, t->x);
+    operand_init(&residual_out, rows, n, pick_row_stride(in, n, hs, 0), hs, t->x);
+    fill_values(&residual, in, s->x_range);
+    fill_sentinel(&residual_out);
+    const operand *h = with_residual ? &residual_out : &x; /* what is normalised */
+    /* 0: its own buffer, 1: over x, 2: over the residual */
+    int in_place = s->big || !with_residual ? 0 : (variant >> 4) % 3;
+    if (in_place == 1 && (x.stride == 0 || (x.row_stride == 0 && rows > 1))) {
+        in_place = 0;
+    }
+    if (in_place == 2 && (residual.stride == 0 || (residual.row_stride == 0 && rows > 1))) {
+        in_place = 0;
+    }
+    h = in_place == 1 ? &x : in_place == 2 ? &residual : h;
 
     rms_forward_problem problem = {
         .n = n,
@@ -592,20 +639,28 @@ static void run_forward(const shape *s, input *in)
         .weight = matrix(&w),
         .eps = eps.base,
         .eps_stride = eps.row_stride * eps.size,
+        .weight_offset = with_offset ? offsets.base : NULL,
+        .weight_offset_stride = offsets.row_stride * offsets.size,
+        .residual = with_residual ? matrix(&residual) : (rms_matrix){0},
+        .residual_out = with_residual ? matrix(h) : (rms_matrix){0},
         .y = matrix(&y),
     };
-    char text[256];
+    char text[320];
     snprintf(text, sizeof text,
              "forward %s isa=%s threads=%d rows=%td n=%td strides x=(%td,%td) w=(%td,%td) "
-             "y=(%td,%td) eps_per_row=%d",
+             "y=(%td,%td) eps_per_row=%d offset=%d%s residual=%d (%td,%td) in_place=%d",
              t->name, rms_isa_name((rms_isa)s->isa), s->threads, rows, n, x.row_stride,
-             x.stride, w.row_stride, w.stride, y.row_stride, y.stride, eps_per_row);
+             x.stride, w.row_stride, w.stride, y.row_stride, y.stride, eps_per_row, with_offset,
+             offsets.row_stride ? " per row" : "", with_residual, residual.row_stride,
+             residual.stride, in_place);
     problem_text = text;
-    failing_x = &x;
+    failing_x = h;
     failing_weight = &w;
     failing_n = n;
 
-    rms_norm_forward(t->type, &problem, rows);
+    if (rms_norm_forward(t->type, &problem, rows) != 0) {
+        abort(); /* a weight offset's 2n doubles could not be had: not at these sizes */
+    }
 
     if (s->big) {
         /* The same bytes on one thread. */
@@ -627,14 +682,23 @@ static void run_forward(const shape *s, input *in)
 
     /* A big problem is there for the pool: every 16th row is checked. */
     const ptrdiff_t row_step = s->big ? 16 : 1;
+    for (ptrdiff_t r = 0; r < rows && n > 0 && with_residual; r += row_step) {
+        for (ptrdiff_t i = 0; i < n; i++) {
+            long double a = original_at(&x, r, i), b = original_at(&residual, r, i);
+            /* exact in long double but for float64, whose own sum is rounded once */
+            long double sum = t->x == RMS_KIND_F64 ? (long double)((double)a + (double)b) : a + b;
+            check_value("residual_out", r, i, value_at(h, r, i), sum, t->x, 0, 0);
+        }
+    }
     for (ptrdiff_t r = 0; r < rows && n > 0; r += row_step) {
         long double e = value_at(&eps, r, 0);
-        long double inv_rms = 1.0L / sqrtl(row_sum_squares(&x, r, n) / n + e);
+        long double offset = with_offset ? value_at(&offsets, r, 0) : 0;
+        long double inv_rms = 1.0L / sqrtl(row_sum_squares(h, r, n) / n + e);
         if (FUZZ_SKIP_F64_INV_RMS_HUGE && t->x == RMS_KIND_F64 && inv_rms > DBL_MAX) {
             continue; /* known: inv_rms not representable in double */
         }
         for (ptrdiff_t i = 0; i < n; i++) {
-            long double v = value_at(&x, r, i), w_i = value_at(&w, r, i);
+            long double v = value_at(h, r, i), w_i = offset + value_at(&w, r, i);
             long double reference = isnan(inv_rms) ? NAN : v * inv_rms * w_i;
             if (isinf(w_i)) {
                 /* torch: x_hat, rounded (in double here), times +-inf */
@@ -652,14 +716,24 @@ static void run_forward(const shape *s, input *in)
                           REFERENCE_ERROR * fabsl(reference), y.kind, extra, detail);
         }
     }
-    check_unchanged(&x, "x");
+    if (h != &x) {
+        check_unchanged(&x, "x");
+    }
+    if (h != &residual) {
+        check_unchanged(&residual, "residual");
+    }
     check_unchanged(&w, "weight");
     check_unchanged(&eps, "eps");
+    check_unchanged(&offsets, "weight_offset");
     check_gaps(&y, rows, n, "y");
+    check_gaps(h, rows, n, "residual_out");
     operand_free(&x);
     operand_free(&w);
     operand_free(&y);
     operand_free(&eps);
+    operand_free(&offsets);
+    operand_free(&residual);
+    operand_free(&residual_out);
 }
 
 /* ---- backward ------------------------------------------------------------------------- */
@@ -670,7 +744,7 @@ static void run_backward(const shape *s, input *in)
     const ptrdiff_t rows = s->rows, n = s->n;
     ptrdiff_t gs = pick_stride(in, 1), xs = pick_stride(in, 1), ws = pick_stride(in, 1);
     ptrdiff_t is = pick_stride(in, 0), gws = pick_stride(in, 0);
-    operand grad_output, x, w, grad_input, grad_weight;
+    operand grad_output, x, w, grad_input, grad_weight, grad_residual;
     operand_init(&grad_output, rows, n, pick_row_stride(in, n, gs, 1), gs, t->x);
     operand_init(&x, rows, n, pick_row_stride(in, n, xs, 1), xs, t->x);
     operand_init(&w, 1, n, 0, ws, t->weight);
@@ -683,6 +757,14 @@ static void run_backward(const shape *s, input *in)
     fill_values(&w, in, s->weight_range);
     fill_sentinel(&grad_input);
     fill_sentinel(&grad_weight);
+    /* A weight offset, and grad_residual_out, in some problems */
+    unsigned variant = take(in, 1);
+    /* the weight's range: keeps g * x within double */
+    const double offset = pick_offset(in, s->weight_range, s->weight_range);
+    ptrdiff_t grs = pick_stride(in, 1);
+    operand_init(&grad_residual, rows, n, pick_row_stride(in, n, grs, 1), grs, t->x);
+    fill_values(&grad_residual, in, s->grad_range);
+    const int with_offset = variant & 1, with_residual = (variant >> 1) & 1;
 
     rms_backward_problem problem = {
         .n = n,
@@ -691,15 +773,20 @@ static void run_backward(const shape *s, input *in)
         .weight = w.base,
         .weight_stride = w.stride * w.size,
         .eps = eps_bytes,
+        .weight_offset = with_offset ? (const char *)&offset : NULL,
+        .grad_residual_out = with_residual ? matrix(&grad_residual) : (rms_matrix){0},
         .grad_input = matrix(&grad_input),
     };
-    char text[256];
+    char text[320];
     snprintf(text, sizeof text,
              "backward %s isa=%s threads=%d rows=%td n=%td strides grad_output=(%td,%td) "
-             "x=(%td,%td) w=%td grad_input=(%td,%td) grad_weight=%td eps=%Lg",
+             "x=(%td,%td) w=%td grad_input=(%td,%td) grad_weight=%td eps=%Lg offset=%s%.17g "
+             "grad_residual_out=%d (%td,%td)",
              t->name, rms_isa_name((rms_isa)s->isa), s->threads, rows, n,
              grad_output.row_stride, grad_output.stride, x.row_stride, x.stride, w.stride,
-             grad_input.row_stride, grad_input.stride, grad_weight.stride, eps);
+             grad_input.row_stride, grad_input.stride, grad_weight.stride, eps,
+             with_offset ? "" : "none, not ", offset, with_residual, grad_residual.row_stride,
+             grad_residual.stride);
     problem_text = text;
     failing_x = &x;
     failing_weight = &w;
@@ -743,6 +830,7 @@ static void run_backward(const shape *s, input *in)
     long double *gw_abs = calloc((size_t)(n > 0 ? n : 1), sizeof(long double));
     long double *gw_floor = calloc((size_t)(n > 0 ? n : 1), sizeof(long double));
     char *gw_nan = calloc((size_t)(n > 0 ? n : 1), 1);
+    const long double factor_offset = with_offset ? offset : 0;
     for (ptrdiff_t r = 0; r < rows && n > 0; r++) {
         long double sum = 0, dot = 0, dot_abs = 0;
         int any_nan = 0, any_inf = 0;
@@ -753,7 +841,7 @@ static void run_backward(const shape *s, input *in)
                 any_inf |= isinf(v);
                 continue;
             }
-            long double g = value_at(&grad_output, r, i) * value_at(&w, 0, i);
+            long double g = value_at(&grad_output, r, i) * (factor_offset + value_at(&w, 0, i));
             sum += v * v;
             dot += g * v;
             dot_abs += fabsl(g * v);
@@ -776,9 +864,10 @@ static void run_backward(const shape *s, input *in)
         long double mean_g_x_hat = inv_rms * dot / n, mean_abs = inv_rms * dot_abs / n;
         for (ptrdiff_t i = 0; i < n; i++) {
             long double v = value_at(&x, r, i), dy = value_at(&grad_output, r, i);
-            long double g = dy * value_at(&w, 0, i), x_hat = v * inv_rms;
-            long double exact = inv_rms * (g - x_hat * mean_g_x_hat);
-            long double terms = inv_rms * (fabsl(g) + fabsl(x_hat) * mean_abs);
+            long double g = dy * (factor_offset + value_at(&w, 0, i)), x_hat = v * inv_rms;
+            long double added = with_residual ? value_at(&grad_residual, r, i) : 0;
+            long double exact = inv_rms * (g - x_hat * mean_g_x_hat) + added;
+            long double terms = inv_rms * (fabsl(g) + fabsl(x_hat) * mean_abs) + fabsl(added);
             long double floor = (inv_rms * (fabsl(mean_g_x_hat) + 2) + 1) * floor_unit;
             if (r % row_step == 0) {
                 check_value("grad_input", r, i, value_at(&grad_input, r, i), exact,
@@ -801,6 +890,7 @@ static void run_backward(const shape *s, input *in)
     check_unchanged(&grad_output, "grad_output");
     check_unchanged(&x, "x");
     check_unchanged(&w, "weight");
+    check_unchanged(&grad_residual, "grad_residual_out");
     check_gaps(&grad_input, rows, n, "grad_input");
     check_gaps(&grad_weight, 1, n, "grad_weight");
     operand_free(&grad_output);
@@ -808,6 +898,7 @@ static void run_backward(const shape *s, input *in)
     operand_free(&w);
     operand_free(&grad_input);
     operand_free(&grad_weight);
+    operand_free(&grad_residual);
 }
 
 /* ---- the entry points --------------------------------------------------------------------- */
