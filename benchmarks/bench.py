@@ -1,7 +1,8 @@
 """Speed of rmsnorm beside onnxruntime, torch.compile, torch, a NumPy composite and a copy.
 
-    python benchmarks/bench.py            # full run, writes results.md and results.png
-    python benchmarks/bench.py --quick    # a few repeats, to see that it runs
+    python benchmarks/bench.py               # full run, writes results.md and results.png
+    python benchmarks/bench.py --quick       # a few repeats, to see that it runs
+    python benchmarks/bench.py --only fused  # one section, printed, no files
 
 The peers are optional and each column reads n/a without its package. Install
 them with ``pip install -e ".[bench]"`` (onnxruntime, onnx and matplotlib for
@@ -21,6 +22,13 @@ into an output bound in advance; ``torch.compile`` compiles
 count, and allocates its output on every call, as torch's functional API does.
 torch.compile keeps its cache under the system's temporary directory, never in
 this tree (TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, unless already set).
+
+A second section times the fused residual add of a pre-norm block on one
+thread: ``add_forward`` reads x and the residual and writes y and h, the
+traffic of two copies of x, so two ``np.copyto`` calls are its yardstick,
+beside ``np.add`` followed by ``forward``; ``add_backward`` is timed beside
+``backward`` followed by ``np.add`` of the residual's gradient. The fused
+outputs are checked against the unfused ones before anything is timed.
 """
 
 from __future__ import annotations
@@ -88,6 +96,9 @@ SHAPES = [
     (2048, 4096, "bfloat16"),
     (4096, 8192, "bfloat16"),
 ]
+# The fused residual-add section's rows, on 1 thread: its goals are for these.
+FUSED_SHAPES = [(rows, hidden, dtype) for dtype in ("float32", "float16", "bfloat16")
+                for rows, hidden in ((2048, 4096), (4096, 8192))]
 # Shapes this large take seconds per call for the slow candidates (the NumPy
 # composite, torch eager in half precision): they run --large-repeats repeats.
 LARGE = 4096 * 8192
@@ -224,10 +235,16 @@ def split_copy(pool, threads: int, dst: np.ndarray, src: np.ndarray):
     return lambda: [f.result() for f in [pool.submit(np.copyto, d, s) for d, s in pieces]]
 
 
-def assert_close(peer: str, got: np.ndarray, want: np.ndarray) -> None:
-    """Loosely, in float32: a peer that computes something else is not timed."""
+def assert_close(peer: str, got: np.ndarray, want: np.ndarray, addends=None) -> None:
+    """Loosely, in float32: a peer that computes something else is not timed.
+
+    Where got is a sum its peer rounds twice, once per addend, addends (the
+    sum of their magnitudes) widens the absolute tolerance to match: near
+    cancellation a rounded addend is off by far more than the sum's ulp.
+    """
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-    if not np.allclose(got, want, rtol=1e-2, atol=1e-2):
+    atol = 1e-2 if addends is None else 1e-2 * (1 + np.asarray(addends, np.float32))
+    if not np.allclose(got, want, rtol=1e-2, atol=atol):
         worst = float(np.max(np.abs(got - want)))
         raise AssertionError(f"{peer}'s output differs from rmsnorm's (max abs diff {worst:.3g})")
 
@@ -390,20 +407,65 @@ def candidates_for(rows, hidden, dtype, threads, pool):
     return forward, both, x.nbytes
 
 
+def fused_candidates(rows, hidden, dtype):
+    """add_forward and add_backward beside their unfused pairs and two copies, on 1 thread.
+
+    Raises AssertionError where a fused output differs from the unfused one:
+    y and h byte for byte, the gradients as assert_close allows (the fused
+    grad_input is rounded once, the unfused one twice).
+    """
+    rng = np.random.default_rng(0)
+    x, residual, dy, dh = (page_aligned(rng.standard_normal((rows, hidden)).astype(dtype))
+                           for _ in range(4))
+    w = page_aligned(rng.standard_normal(hidden).astype(dtype))
+    eps = np.float64(EPS) if dtype == np.float64 else np.float32(EPS)
+    y, h, dx, copy_x, copy_residual = (page_aligned(np.zeros_like(x)) for _ in range(5))
+    dw = page_aligned(np.zeros_like(w))
+    rmsnorm.set_num_threads(1)
+
+    candidates = {
+        "2x copy": lambda: (np.copyto(copy_x, x), np.copyto(copy_residual, residual)),
+        "add_forward": lambda: rmsnorm.add_forward(x, residual, w, eps, out=(y, h)),
+        "np.add + forward": lambda: (np.add(x, residual, out=h), rmsnorm.forward(h, w, eps, out=y)),
+        "add_backward": lambda: rmsnorm.add_backward(dy, dh, h, w, eps, out=(dx, dw)),
+        "backward + np.add": lambda: (rmsnorm.backward(dy, h, w, eps, out=(dx, dw)),
+                                      np.add(dx, dh, out=dx)),
+    }
+    candidates["add_forward"]()
+    fused = y.copy(), h.copy()
+    candidates["np.add + forward"]()
+    for label, got, want in (("y", fused[0], y), ("h", fused[1], h)):
+        if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+            raise AssertionError(f"add_forward's {label} is not the bytes of np.add + forward")
+    candidates["add_backward"]()
+    fused = dx.copy(), dw.copy()
+    rmsnorm.backward(dy, h, w, eps, out=(dx, dw))
+    addends = np.abs(dx, dtype=np.float32) + np.abs(dh, dtype=np.float32)
+    candidates["backward + np.add"]()
+    assert_close("backward + np.add (grad_input)", dx, fused[0], addends)
+    assert_close("backward + np.add (grad_weight)", dw, fused[1])
+    return candidates, x.nbytes
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python benchmarks/bench.py", description=__doc__.splitlines()[0],
-        epilog="A full run takes about 9 minutes on 2 CPUs and wants a quiet machine: it "
-               "prints a table and a checklist of the speed goals, and writes both to "
-               "results.md, with results.png beside it. Each candidate's times go to stdout "
-               "as they are measured, with the load other processes put on the machine "
-               "meanwhile. The peers need pip install -e \".[bench]\" and torch; without "
-               "them their columns read n/a.")
+        epilog="A full run takes about 10 minutes on 2 CPUs and wants a quiet machine: it "
+               "prints two tables and a checklist of the speed goals, and writes them to "
+               "results.md, with results.png beside it. The first table (section 'peers') "
+               "times rmsnorm beside its peers and a copy, on 1 thread and on all CPUs; the "
+               "second (section 'fused', about a minute) times the fused residual add, "
+               "add_forward and add_backward with out=, on 1 thread at 2048x4096 and "
+               "4096x8192 in float32, float16 and bfloat16, beside two np.copyto calls (the "
+               "same traffic), np.add then forward, and backward then np.add. Each "
+               "candidate's times go to stdout as they are measured, with the load other "
+               "processes put on the machine meanwhile. The peers need pip install -e "
+               "\".[bench]\" and torch; without them their columns read n/a.")
     parser.add_argument("--quick", action="store_true",
-                        help="2 repeats of short samples, to see that it runs (3 or 4 "
+                        help="2 repeats of short samples, to see that it runs (4 or 5 "
                              "minutes on 2 CPUs): overrides --repeats and --large-repeats, "
-                             "prints the table labelled as a quick run, and writes no files "
-                             "and no goal checklist")
+                             "prints the tables labelled as a quick run, and writes no files "
+                             "and no goal checklist; with --only, of that section alone")
     parser.add_argument("--repeats", type=int, default=7, metavar="N",
                         help="interleaved repeats per candidate and shape; the median is "
                              "reported (default %(default)s)")
@@ -411,6 +473,11 @@ def main(argv=None) -> int:
                         help=f"repeats for shapes of {LARGE >> 20} Mi elements or more, whose "
                              "slow candidates take seconds per call; at most --repeats "
                              "(default %(default)s)")
+    parser.add_argument("--only", choices=("peers", "fused"),
+                        help="run one section: peers (rmsnorm beside its peers and a copy) "
+                             "or fused (the fused residual add beside its unfused pair and "
+                             "two copies); prints its table and, unless --quick, its goals, "
+                             "and writes no files, as results.md holds both sections")
     parser.add_argument("--out", type=Path, default=HERE, metavar="DIR",
                         help="folder for results.md and results.png, created if need be "
                              "(default: benchmarks/, beside this script, where the published "
@@ -422,18 +489,20 @@ def main(argv=None) -> int:
     thread_counts = sorted({1, all_threads})
     started = time.perf_counter()
 
-    shapes = []
-    for rows, hidden, name in SHAPES:
-        if resolve_dtype(name) is None:
-            print(f"skipping {rows}x{hidden} {name}: ml_dtypes is not installed "
-                  "(pip install -e \".[bfloat16]\")", flush=True)
-        else:
-            shapes.append((rows, hidden, resolve_dtype(name)))
+    def runnable(section, shapes):
+        if args.only not in (None, section):
+            return []
+        for rows, hidden, name in shapes:
+            if resolve_dtype(name) is None:
+                print(f"skipping {rows}x{hidden} {name} ({section}): ml_dtypes is not "
+                      "installed (pip install -e \".[bfloat16]\")", flush=True)
+        return [(rows, hidden, resolve_dtype(name)) for rows, hidden, name in shapes
+                if resolve_dtype(name) is not None]
 
-    rows_out, loads = [], []
+    rows_out, loads = [], []  # loads: (row's label, CPUs other processes kept busy)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=all_threads)
     for threads in thread_counts:
-        for rows, hidden, dtype in shapes:
+        for rows, hidden, dtype in runnable("peers", SHAPES):
             forward, both, nbytes = candidates_for(rows, hidden, dtype, threads, pool)
             n = large_repeats if rows * hidden >= LARGE else repeats
             graphs = torch_graph_count() if torch is not None else 0
@@ -441,14 +510,27 @@ def main(argv=None) -> int:
             if torch is not None and torch_graph_count() != graphs:
                 raise RuntimeError("torch.compile recompiled while it was timed")
             rows_out.append((threads, rows, hidden, np.dtype(dtype).name, nbytes, fwd, bwd))
-            loads.append(load)
+            loads.append((f"{threads} thr {rows}x{hidden} {rows_out[-1][3]}", load))
             print_row(rows_out[-1])
             print(f"  other processes kept {load:.2f} CPUs busy meanwhile", flush=True)
             del forward, both
+    fused_out = []
+    for rows, hidden, dtype in runnable("fused", FUSED_SHAPES):
+        candidates, nbytes = fused_candidates(rows, hidden, dtype)
+        n = large_repeats if rows * hidden >= LARGE else repeats
+        medians, load = other_load(interleaved_medians, candidates, n, min_seconds)
+        fused_out.append((rows, hidden, np.dtype(dtype).name, nbytes, medians))
+        loads.append((f"fused {rows}x{hidden} {fused_out[-1][2]}", load))
+        print(f"fused, 1 thr {rows}x{hidden} {fused_out[-1][2]}: "
+              + ", ".join(f"{k} {v * 1e6:.1f}us" for k, v in medians.items()), flush=True)
+        print(f"  other processes kept {load:.2f} CPUs busy meanwhile", flush=True)
+        del candidates
     rmsnorm.set_num_threads(all_threads)
     minutes = (time.perf_counter() - started) / 60
 
-    table = markdown_table(rows_out)
+    table = markdown_table(rows_out) if rows_out else ""
+    if fused_out:
+        table += ("\n" if table else "") + fused_table(fused_out)
     versions = [f"NumPy {np.__version__}"]
     for label, module in (("torch", torch), ("onnxruntime", onnxruntime), ("ml_dtypes", ml_dtypes)):
         versions.append(f"{label} {module.__version__}" if module is not None
@@ -459,7 +541,7 @@ def main(argv=None) -> int:
     else:
         # The command that reproduces this run: the options that differ from their defaults.
         options = "".join(f" --{name.replace('_', '-')} {getattr(args, name)}"
-                          for name in ("repeats", "large_repeats")
+                          for name in ("repeats", "large_repeats", "only")
                           if getattr(args, name) != parser.get_default(name))
         run = f"`python benchmarks/bench.py{options}` on "
     header = (
@@ -468,16 +550,17 @@ def main(argv=None) -> int:
         + f", kernels: {rmsnorm._core._isa()[0]}; medians of {repeats} interleaved repeats "
         f"({large_repeats} at {LARGE >> 20} Mi elements and over), {minutes:.1f} minutes in all.\n"
     )
-    busy = [f"{r[0]} thr {r[1]}x{r[2]} {r[3]} ({load:.2f})"
-            for r, load in zip(rows_out, loads) if load > 0.25]
+    busy = [f"{label} ({load:.2f})" for label, load in loads if load > 0.25]
     if busy:
         table += ("\nOther processes kept more than a quarter of a CPU busy, on average, while "
                   "these rows were timed; their figures are suspect: " + ", ".join(busy) + ".\n")
     report = header + "\n" + table
     if not args.quick:
-        report += "\n" + check_goals(rows_out)
+        goals = [check_goals(rows_out)] if rows_out else []
+        goals += [check_fused_goals(fused_out)] if fused_out else []
+        report += "\n" + "\n".join(goals)
     print("\n" + report)
-    if not args.quick:
+    if not args.quick and args.only is None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.md").write_text(report)
         try:
@@ -584,6 +667,68 @@ def markdown_table(rows_out) -> str:
         for (peer, dtype), reason in PEER_NOTES.items():
             lines.append(f"- {peer}, {dtype}: {reason}")
     return "\n".join(lines) + "\n"
+
+
+def fused_table(fused_out) -> str:
+    """The fused residual add's table: one row per shape and dtype, on 1 thread."""
+    lines = [
+        "Fused residual add, 1 thread, `out=` given:",
+        "",
+        ("| shape | dtype | 2x copy GB/s | add_forward / 2x copy | add_forward GB/s "
+         "| fused forward speed-up | add_backward / 2x copy | fused backward speed-up |"),
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for rows, hidden, dtype, nbytes, t in fused_out:
+        copy = t["2x copy"]
+        cells = [
+            f"{rows}x{hidden}",
+            dtype,
+            f"{gbps(4 * nbytes, copy):.1f}",
+            f"{t['add_forward'] / copy:.2f}",
+            f"{gbps(4 * nbytes, t['add_forward']):.1f}",
+            f"{t['np.add + forward'] / t['add_forward']:.2f}x",
+            f"{t['add_backward'] / copy:.2f}",
+            f"{t['backward + np.add'] / t['add_backward']:.2f}x",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "`add_forward(x, residual, w, eps, out=(y, h))` reads x and residual and writes h = "
+        "x + residual and y = RMSNorm(h): the traffic of two copies of x, so \"2x copy\" is "
+        "`np.copyto` of x and of residual, one after the other, and GB/s counts the bytes "
+        "those two copies move. The fused forward's speed-up is over `np.add(x, residual, "
+        "out=h)` then `forward(h, w, eps, out=y)`, whose bytes it matches; the fused "
+        "backward's is `add_backward(dy, dh, h, w, eps, out=(dx, dw))` against "
+        "`backward(dy, h, w, eps, out=(dx, dw))` then `np.add(dx, dh, out=dx)`. The five "
+        "candidates of a row are timed interleaved, on the same page-aligned arrays."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def check_fused_goals(fused_out) -> str:
+    """The fused residual add's goals, each with its measured value."""
+    out = ["Goals of the fused residual add (1 thread, `out=` given):"]
+    measured = {(rows, hidden, dtype): t for rows, hidden, dtype, _, t in fused_out}
+
+    def goal(text, ok):
+        out.append(f"- [{'x' if ok else ' '}] {text}")
+
+    for rows, hidden, dtype in FUSED_SHAPES:
+        shape = f"{rows}x{hidden} {dtype}"
+        if (rows, hidden, dtype) not in measured:
+            goal(f"{shape}: not measured", False)
+            continue
+        t = measured[rows, hidden, dtype]
+        ratio = t["add_forward"] / t["2x copy"]
+        goal(f"{shape}: add_forward {ratio:.2f}x two copies (<= 1.3)", ratio <= 1.3)
+        speedup = t["np.add + forward"] / t["add_forward"]
+        goal(f"{shape}: add_forward {speedup:.2f}x as fast as np.add then forward (>= 1.2)",
+             speedup >= 1.2)
+        # No slower anywhere, and faster from 2048x4096 up: every shape here.
+        speedup = t["backward + np.add"] / t["add_backward"]
+        goal(f"{shape}: add_backward {speedup:.2f}x as fast as backward then np.add (> 1)",
+             speedup > 1)
+    return "\n".join(out) + "\n"
 
 
 def check_goals(rows_out) -> str:
