@@ -18,6 +18,7 @@ import pytest
 
 import rmsnorm
 from closeness import assert_close_ulp
+from lazy_sources import lazy
 
 da = pytest.importorskip("dask.array", reason="dask[array] is optional (pip install rmsnorm[dask])")
 dask = pytest.importorskip("dask")
@@ -33,30 +34,6 @@ def dtype_id(dtype):
 def threaded_scheduler():
     with dask.config.set(scheduler="threads", num_workers=4):
         yield
-
-
-class CountingSource:
-    """An array source that dask reads block by block; it counts the reads
-    that return data, so a test can see that nothing is read until compute."""
-
-    def __init__(self, array):
-        self.array = array
-        self.shape = array.shape
-        self.dtype = array.dtype
-        self.ndim = array.ndim
-        self.reads = 0
-
-    def __getitem__(self, index):
-        block = self.array[index]
-        if block.size:  # dask slices zero-size blocks to learn the array type
-            self.reads += 1
-        return block
-
-
-def lazy(array, chunks):
-    source = CountingSource(array)
-    return da.from_array(source, chunks=chunks), source
-
 
 def assert_same_bytes(actual, expected, what):
     assert isinstance(actual, np.ndarray), f"{what}: computed to {type(actual)}"

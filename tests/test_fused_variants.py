@@ -36,6 +36,7 @@ import pytest
 
 import rmsnorm
 from closeness import assert_forward_close, assert_grad_close
+from lazy_sources import lazy
 from rmsnorm._dtypes import BF16
 
 try:
@@ -951,25 +952,6 @@ def test_module_forward_and_backward_with_residual_write_to_no_argument(arrays):
 # 8. dask arrays stay lazy.
 # ---------------------------------------------------------------------------
 
-class _CountingSource:
-    """An array dask reads block by block, counting the reads that return data."""
-
-    def __init__(self, array):
-        self.array, self.shape, self.dtype, self.ndim = array, array.shape, array.dtype, array.ndim
-        self.reads = 0
-
-    def __getitem__(self, index):
-        block = self.array[index]
-        if block.size:  # dask slices zero-size blocks to learn the array type
-            self.reads += 1
-        return block
-
-
-def _lazy(array, chunks):
-    source = _CountingSource(array)
-    return da.from_array(source, chunks=chunks), source
-
-
 @needs_dask
 @pytest.mark.parametrize("pair", [PAIRS[0], PAIRS[2], PAIRS[4]])
 @pytest.mark.parametrize("call", ["add_forward", "add_forward_offset", "add_rms_norm",
@@ -984,8 +966,8 @@ def test_fused_forward_on_dask_arrays_is_lazy_and_computes_to_the_numpy_bytes(pa
         "add_rms_norm-offset": lambda x, r: rmsnorm.add_rms_norm(
             x, r, 48, a["weight"], EPS, weight_offset=1.0),
     }
-    dx, x_source = _lazy(a["x"], (7, 3, 48))
-    dr, r_source = _lazy(a["residual"], (7, 3, 48))
+    dx, x_source = lazy(a["x"], (7, 3, 48))
+    dr, r_source = lazy(a["residual"], (7, 3, 48))
     with dask.config.set(scheduler="threads", num_workers=4):
         y, h = calls[call](dx, dr)
         assert isinstance(y, da.Array) and isinstance(h, da.Array), (type(y), type(h))
