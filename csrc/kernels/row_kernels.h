@@ -419,9 +419,15 @@ typedef struct {
     int product_error;   /* the fast path's, rms_fast16_product_error */
 } rms_inv_forms;
 
-/* How a row's blocks are written: each in double, each in float, or each
-   the fast 16-bit way where that is sure to be exact, else in double. */
-typedef enum { RMS_WRITE_DOUBLE, RMS_WRITE_FLOAT, RMS_WRITE_FAST16 } rms_write_mode;
+/* How a row's blocks are written: each in double (with a weight offset:
+   offset + weight as hi + lo doubles), each in float, or each the fast
+   16-bit way where that is sure to be exact, else in double. */
+typedef enum {
+    RMS_WRITE_DOUBLE,
+    RMS_WRITE_DOUBLE_OFFSET,
+    RMS_WRITE_FLOAT,
+    RMS_WRITE_FAST16
+} rms_write_mode;
 
 /* Whether the type has the fast 16-bit write: float16 or bfloat16 x, with
    any weight, which it takes as floats. Every instruction set's kernels
@@ -516,9 +522,10 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const ch
 }
 
 /* The same in double, for every type: exact products where x and w are
-   floats, and a compensated product where either is a double, formed as
-   hi + err with the product's exact error (u_hi * w + low in one fused
-   multiply-add would round the same but lose -0), rounded once from there.
+   floats, and a compensated product where either is a double: for a
+   float64 y, u_hi * w + low in one fused multiply-add where there is one;
+   otherwise hi + err with the product's exact error, rounded once from
+   there.
    w_lo, where not NULL, holds the part of the weight that w (doubles)
    leaves out: offset + weight is w + w_lo exactly. */
 RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
@@ -557,8 +564,16 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
             w_lo != NULL ? rms_vd_muladd(u_hi, w_lo_v.part[h], rms_vd_mul(u_lo, wh))
                          : rms_vd_mul(u_lo, wh),
             wh);
-        /* Not fma(u_hi, w, low) for float64, one rounding fewer: where
-           the product is -0 and low +0, it gives +0, not torch's -0. */
+        if (xk == RMS_KIND_F64 && RMS_HAVE_FMA) {
+            /* The output's one rounding. low's zeros go in as -0, which
+               adds nothing: a +0 would turn the product's -0 (x = -1,
+               w = 0) into +0, where torch keeps -0. */
+            const rms_vd low_or_minus_zero =
+                rms_vd_sub(rms_vd_set(-0.0), rms_vd_sub(rms_vd_set(0.0), low));
+            hi.part[h] = rms_vd_muladd(u_hi, wh, low_or_minus_zero);
+            err.part[h] = rms_vd_set(0.0);
+            continue;
+        }
         const rms_vd p = rms_vd_mul(u_hi, wh);
         const rms_vd tail =
             rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
@@ -570,18 +585,46 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
     rms_store_rounded(xk, y, ys, count, &hi, &err, stream);
 }
 
-/* rms_forward_block_double with the kinds known at run time only: one copy
-   of its code for every type, for the blocks that take it rarely (a fast
-   write's unsure ones) or off the beaten path (a weight offset's). The
-   write loops then inline only their common case: inlined everywhere, it
-   tripled the kernels' compile time. */
-RMS_NOINLINE void rms_forward_block_double_any(rms_kind xk, rms_kind wk, const char *x,
-                                               ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                               const double *w_lo, char *y, ptrdiff_t ys,
-                                               ptrdiff_t count, rms_dd inv_rms, int stream)
-{
-    rms_forward_block_double(xk, wk, x, xs, w, ws, w_lo, y, ys, count, inv_rms, stream);
-}
+/* rms_forward_block_double out of line: one copy for each pair of kinds,
+   for the blocks that take it rarely (a fast write's unsure ones) or off
+   the beaten path (a weight offset's). The write loops then inline only
+   their common case: inlined everywhere, it tripled the kernels' compile
+   time. (One copy for all kinds, switching on them at run time, made the
+   unsure blocks a twentieth of the 16-bit forward.) */
+typedef void (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                    const double *w_lo, char *y, ptrdiff_t ys, ptrdiff_t count,
+                                    rms_dd inv_rms, int stream);
+#define RMS_BLOCK_DOUBLE_OF(x_kind, w_kind)                                                    \
+    RMS_NOINLINE void rms_forward_block_double_##x_kind##_##w_kind(                            \
+        const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws, const double *w_lo, char *y, \
+        ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms, int stream)                             \
+    {                                                                                          \
+        rms_forward_block_double(RMS_KIND_##x_kind, RMS_KIND_##w_kind, x, xs, w, ws, w_lo, y,  \
+                                 ys, count, inv_rms, stream);                                  \
+    }
+#define RMS_BLOCK_DOUBLE_FOR_X(x_kind)                                                         \
+    RMS_BLOCK_DOUBLE_OF(x_kind, F32)                                                           \
+    RMS_BLOCK_DOUBLE_OF(x_kind, F64) RMS_BLOCK_DOUBLE_OF(x_kind, F16)                          \
+    RMS_BLOCK_DOUBLE_OF(x_kind, BF16)
+RMS_BLOCK_DOUBLE_FOR_X(F32)
+RMS_BLOCK_DOUBLE_FOR_X(F64)
+RMS_BLOCK_DOUBLE_FOR_X(F16)
+RMS_BLOCK_DOUBLE_FOR_X(BF16)
+#define RMS_BLOCK_DOUBLE_ROW(x_kind)                                                           \
+    [RMS_KIND_##x_kind] = {                                                                    \
+        [RMS_KIND_F32] = rms_forward_block_double_##x_kind##_F32,                              \
+        [RMS_KIND_F64] = rms_forward_block_double_##x_kind##_F64,                              \
+        [RMS_KIND_F16] = rms_forward_block_double_##x_kind##_F16,                              \
+        [RMS_KIND_BF16] = rms_forward_block_double_##x_kind##_BF16,                            \
+    },
+/* By x's kind, then the weight's (types.h has four); indexed by constants,
+   a direct call. */
+static const rms_block_double_fn rms_forward_block_double_out_of_line[4][4] = {
+    RMS_BLOCK_DOUBLE_ROW(F32) RMS_BLOCK_DOUBLE_ROW(F64) RMS_BLOCK_DOUBLE_ROW(F16)
+        RMS_BLOCK_DOUBLE_ROW(BF16)};
+#undef RMS_BLOCK_DOUBLE_ROW
+#undef RMS_BLOCK_DOUBLE_FOR_X
+#undef RMS_BLOCK_DOUBLE_OF
 
 /*
  * y for one block of 16-bit x, the cheap way, where that is sure to round
@@ -725,24 +768,28 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mod
         rms_forward_block_float(xk, wk, x, xs, w_at, w->stride, y, ys, count, inv, stream)) {
         return;
     }
-    if (w->lo != NULL) {
-        rms_forward_block_double_any(xk, RMS_KIND_F64, x, xs, (const char *)(w->hi + at), 8,
-                                     w->lo + at, y, ys, count, inv->dd, stream);
-    }
-    else if (mode != RMS_WRITE_DOUBLE) {
-        rms_forward_block_double_any(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count,
-                                     inv->dd, stream);
-    }
-    else {
+    /* The plain double write inlines its blocks, and its loop has no call:
+       a call costs a loop every vector register that lives across it. */
+    if (mode == RMS_WRITE_DOUBLE) {
         rms_forward_block_double(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd,
                                  stream);
+    }
+    else if (w->lo != NULL) {
+        rms_forward_block_double_out_of_line[xk][RMS_KIND_F64](
+            x, xs, (const char *)(w->hi + at), 8, w->lo + at, y, ys, count, inv->dd, stream);
+    }
+    else {
+        rms_forward_block_double_out_of_line[xk][wk](x, xs, w_at, w->stride, NULL, y, ys, count,
+                                                     inv->dd, stream);
     }
 }
 
 /*
  * A row's values as its reduction pass makes them: x itself, or, with a
  * residual, x + residual, written to sum as the pass goes (the row then
- * normalised is sum).
+ * normalised is sum). x is NULL for no row, the last row's next, with the
+ * strides kept as they are: a NULL pointer to the struct instead, or
+ * strides that differ, would cost the compiler their constancy.
  */
 typedef struct {
     const char *x;
@@ -804,8 +851,12 @@ RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lane
 RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lanes *lanes,
                                         ptrdiff_t done, ptrdiff_t n, const rms_row_source *src)
 {
-    for (ptrdiff_t i = done; i < n; i += RMS_LANES) {
-        rms_reduce_lanes(xk, with_residual, lanes, src, i, n - i < RMS_LANES ? n - i : RMS_LANES);
+    ptrdiff_t i = done;
+    for (; i + RMS_LANES <= n; i += RMS_LANES) {
+        rms_reduce_lanes(xk, with_residual, lanes, src, i, RMS_LANES); /* a constant count */
+    }
+    if (i < n) {
+        rms_reduce_lanes(xk, with_residual, lanes, src, i, n - i);
     }
     return rms_lanes_total(lanes, RMS_LANES);
 }
@@ -834,7 +885,7 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
             rms_reduce_lanes(xk, with_residual, next_lanes, next, *next_done, RMS_LANES);
             *next_done += RMS_LANES;
         }
-        else if (next != NULL) {
+        else if (next->x != NULL) {
             rms_prefetch(rms_element(next->x, i, next->x_stride), RMS_LANES * next->x_stride);
             if (with_residual) {
                 rms_prefetch(rms_element(next->residual, i, next->residual_stride),
@@ -855,8 +906,8 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
 }
 
 /*
- * Writes y for one row, given its inv_rms, and with next returns the next
- * row's sum of squares. In cache the same loop runs the next row's
+ * Writes y for one row, given its inv_rms, and returns the sum of squares
+ * of next, where that is a row (0 where it is not). In cache the same loop runs the next row's
  * reduction pass: it is bound by arithmetic and the write by loads and
  * stores, and one loop doing both lets the core overlap them. Where the
  * output is streamed, rows come from memory and the bus is free while the
@@ -876,7 +927,7 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
     rms_lanes next_lanes;
     rms_lanes_clear(&next_lanes);
     ptrdiff_t next_done = 0;
-    if (next != NULL && !streamed) {
+    if (next->x != NULL && !streamed) {
         rms_forward_write_loop(xk, wk, mode, with_residual, n, x, xs, w, y, ys, head, streamed,
                                &inv, next, 1, &next_lanes, &next_done);
     }
@@ -884,7 +935,7 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
         rms_forward_write_loop(xk, wk, mode, with_residual, n, x, xs, w, y, ys, head, streamed,
                                &inv, next, 0, &next_lanes, &next_done);
     }
-    if (next == NULL) {
+    if (next->x == NULL) {
         rms_dd none = {0.0, 0.0};
         return none;
     }
@@ -908,7 +959,7 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
 {
     const rms_dd inv_rms = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
     const int in_float_range = inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100;
-    rms_write_mode mode = RMS_WRITE_DOUBLE;
+    rms_write_mode mode = w->lo != NULL ? RMS_WRITE_DOUBLE_OFFSET : RMS_WRITE_DOUBLE;
     if (rms_has_fast16(xk)) {
         if (w->floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
             mode = RMS_WRITE_FAST16;
@@ -926,6 +977,9 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
     case RMS_WRITE_FLOAT:
         return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, x, xs, w, y, ys,
                                  stream, inv_rms, next);
+    case RMS_WRITE_DOUBLE_OFFSET:
+        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OFFSET, with_residual, n, x, xs, w, y,
+                                 ys, stream, inv_rms, next);
     default:
         return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, with_residual, n, x, xs, w, y, ys,
                                  stream, inv_rms, next);
@@ -1009,15 +1063,15 @@ RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int
  * which lets each block be one vector load or store, and the next row's
  * reduction pass rides in the current row's write.
  */
-RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forward_problem *p,
-                                       ptrdiff_t row_begin, ptrdiff_t row_end)
+RMS_ALWAYS_INLINE int rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
+                                          const rms_forward_problem *p, ptrdiff_t row_begin,
+                                          ptrdiff_t row_end)
 {
     const ptrdiff_t n = p->n;
     if (n <= 0 || row_begin >= row_end) {
         return 0;
     }
     const int with_offset = p->weight_offset != NULL;
-    const int with_residual = p->residual.data != NULL;
     const size_t floats_bytes = rms_has_fast16(xk) ? (size_t)n * sizeof(float) : 0;
     const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
     char *scratch = floats_bytes + offset_bytes > 0 ? malloc(offset_bytes + floats_bytes) : NULL;
@@ -1062,24 +1116,43 @@ RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forwa
         const rms_row_source src = rms_source_of(p, with_residual, r, contiguous ? es : 0);
         const char *values = with_residual ? src.sum : src.x;
         if (!contiguous) {
+            rms_row_source none = src;
+            none.x = NULL;
             rms_lanes lanes;
             rms_lanes_clear(&lanes);
             rms_forward_row(xk, wk, with_residual, n, values,
                             with_residual ? src.sum_stride : src.x_stride, &w, eps, y,
                             p->y.stride, 0, rms_reduce_row(xk, with_residual, &lanes, 0, n, &src),
-                            NULL);
+                            &none);
             continue;
         }
-        const rms_row_source next =
-            rms_source_of(p, with_residual, r + 1 < row_end ? r + 1 : r, es);
-        sum_squares = rms_forward_row(xk, wk, with_residual, n, values, es, &w, eps, y, es,
-                                      p->stream_output, sum_squares, r + 1 < row_end ? &next : NULL);
+        /* strides as they are, but constants: each block one vector load */
+        rms_row_source next = rms_source_of(p, with_residual, r + 1 < row_end ? r + 1 : r, es);
+        if (r + 1 == row_end) {
+            next.x = NULL;
+        }
+        rms_row_weight unit_w = w;
+        unit_w.stride = ws;
+        sum_squares = rms_forward_row(xk, wk, with_residual, n, values, es, &unit_w, eps, y, es,
+                                      p->stream_output, sum_squares, &next);
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
         rms_stream_fence(); /* streamed stores are seen before the caller reads y */
     }
     free(scratch);
     return 0;
+}
+
+/* The forward's rows, with or without a residual: a code path each, since
+   a test in the reduction pass costs the plain forward registers in its
+   hottest loop. */
+RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forward_problem *p,
+                                       ptrdiff_t row_begin, ptrdiff_t row_end)
+{
+    if (p->residual.data != NULL) {
+        return rms_forward_rows_of(xk, wk, 1, p, row_begin, row_end);
+    }
+    return rms_forward_rows_of(xk, wk, 0, p, row_begin, row_end);
 }
 
 /* ---- the backward ------------------------------------------------------- */
