@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections.abc
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,6 +27,21 @@ _SECOND_BACKWARD = (
     "after they have already been freed): RMSNorm.backward() frees the input that forward() "
     "saved. Call forward() again before the next backward()."
 )
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_state_dict`` returns: the keys it missed and did not expect."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+    def __repr__(self) -> str:
+        if not self.missing_keys and not self.unexpected_keys:
+            return "<All keys matched successfully>"  # as torch says it
+        return (
+            f"IncompatibleKeys(missing_keys={self.missing_keys}, "
+            f"unexpected_keys={self.unexpected_keys})"
+        )
 
 
 def _weight_dtype(dtype) -> np.dtype:
@@ -298,33 +314,49 @@ class RMSNorm:
         """``{"weight": weight}``, or ``{}`` without an affine weight."""
         return dict(self.named_parameters())
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> None:
-        """Copies ``state_dict["weight"]`` (anything np.asarray takes) into weight."""
+    def load_state_dict(
+        self, state_dict, strict: bool = True, assign: bool = False
+    ) -> IncompatibleKeys:
+        """Copies ``state_dict["weight"]`` (anything np.asarray takes) into weight.
+
+        As in torch: with ``strict=False``, missing and unexpected keys are
+        tolerated, and either way they are returned as ``missing_keys`` and
+        ``unexpected_keys``; a weight of the wrong shape is an error always.
+        A bool or integer weight is taken as its values. With
+        ``assign=True``, a weight of a dtype RMSNorm computes with is
+        assigned (copied, as assigning ``weight`` is) and keeps its dtype,
+        rather than being cast into the current weight.
+        """
         if not isinstance(state_dict, collections.abc.Mapping):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
         expected = set(self.state_dict())
         missing = sorted(expected - set(state_dict))
         unexpected = sorted(set(state_dict) - expected)
         problems = []
-        if missing:
+        if missing and strict:
             problems.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing))
         if unexpected and strict:
             problems.append(
                 "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected)
             )
-        if self.weight is not None and not missing:
+        loads_weight = self.weight is not None and "weight" in state_dict
+        if loads_weight:
             value = np.asarray(state_dict["weight"])
             if value.shape != self.weight.shape:
                 problems.append(
                     f"size mismatch for weight: copying a param with shape {value.shape} from "
                     f"checkpoint, the shape in current model is {self.weight.shape}."
                 )
-            elif value.dtype.kind not in "fiu" and value.dtype not in WEIGHT_DTYPES:
+            elif value.dtype.kind not in "biuf" and value.dtype not in WEIGHT_DTYPES:
                 problems.append(f"weight must be a real array, got dtype {value.dtype}")
         if problems:
             raise ValueError("Error(s) in loading state_dict for RMSNorm: " + "; ".join(problems))
-        if self.weight is not None:
-            np.copyto(self.weight, value, casting="unsafe")
+        if loads_weight:
+            if assign and value.dtype in WEIGHT_DTYPES:
+                self.weight = value
+            else:
+                np.copyto(self.weight, value, casting="unsafe")
+        return IncompatibleKeys(missing, unexpected)
 
     def __getstate__(self) -> dict:
         """What pickle and copy keep: the configuration, flags and weight.

@@ -1,12 +1,16 @@
 """Types of rmsnorm.module (the implementation is module.py)."""
 
-from typing import Any, Iterator, Mapping, overload
+from typing import Any, Iterator, Mapping, NamedTuple, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 from typing_extensions import Self
 
 from .functional import _Eps, _Float, _ShapeLike
+
+class IncompatibleKeys(NamedTuple):
+    missing_keys: list[str]
+    unexpected_keys: list[str]
 
 class RMSNorm:
     normalized_shape: tuple[int, ...]
@@ -68,7 +72,9 @@ class RMSNorm:
     def bfloat16(self) -> Self: ...
     def zero_grad(self, set_to_none: bool = True) -> None: ...
     def state_dict(self) -> dict[str, NDArray[np.floating[Any]]]: ...
-    def load_state_dict(self, state_dict: Mapping[str, ArrayLike], strict: bool = True) -> None: ...
+    def load_state_dict(
+        self, state_dict: Mapping[str, ArrayLike], strict: bool = True, assign: bool = False
+    ) -> IncompatibleKeys: ...
     def __getstate__(self) -> dict[str, Any]: ...
     def __setstate__(self, state: dict[str, Any]) -> None: ...
     def extra_repr(self) -> str: ...

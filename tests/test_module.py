@@ -297,6 +297,49 @@ def test_load_state_dict_copies_the_weight():
     assert ours.weight[0] == 1.0
 
 
+
+# Each case: the layer's affine flag, the state dict (as NumPy arrays), strict.
+LOAD_CASES = {
+    "all_keys": (True, {"weight": np.array([0.5, 2.0, -1.0], np.float32)}, True),
+    "missing_weight_not_strict": (True, {}, False),
+    "unexpected_key_not_strict": (
+        True, {"weight": np.array([0.5, 2.0, -1.0], np.float32), "bias": np.zeros(3)}, False),
+    "renamed_key_not_strict": (True, {"w": np.ones(3, np.float32)}, False),
+    "weight_into_weightless_not_strict": (False, {"weight": np.ones(3, np.float32)}, False),
+    "bool_weight": (True, {"weight": np.array([True, False, True])}, True),
+    "int_weight": (True, {"weight": np.array([3, -2, 0], np.int64)}, True),
+}
+
+
+@pytest.mark.parametrize("case", LOAD_CASES)
+def test_load_state_dict_returns_and_loads_what_torch_does(case):
+    affine, state, strict = LOAD_CASES[case]
+    theirs = torch.nn.RMSNorm(3, elementwise_affine=affine)
+    ours = rmsnorm.RMSNorm(3, elementwise_affine=affine)
+    expected = theirs.load_state_dict(
+        {key: torch.from_numpy(value) for key, value in state.items()}, strict=strict)
+    result = ours.load_state_dict(state, strict=strict)
+    assert result.missing_keys == expected.missing_keys
+    assert result.unexpected_keys == expected.unexpected_keys
+    assert repr(result).endswith(repr(expected).removeprefix("_"))
+    if affine:
+        assert np.array_equal(ours.weight, theirs.weight.detach().numpy())
+        assert ours.weight.dtype == np.float32
+
+
+def test_load_state_dict_strict_still_refuses_a_missing_key_that_strict_false_allows():
+    with pytest.raises(ValueError, match=r"Missing key\(s\)"):
+        rmsnorm.RMSNorm(3).load_state_dict({}, strict=True)
+    assert rmsnorm.RMSNorm(3).load_state_dict({}, strict=False).missing_keys == ["weight"]
+
+
+def test_load_state_dict_assign_takes_the_checkpoint_dtype_like_torch():
+    theirs = torch.nn.RMSNorm(3)
+    theirs.load_state_dict({"weight": torch.ones(3, dtype=torch.float64)}, assign=True)
+    ours = rmsnorm.RMSNorm(3)
+    ours.load_state_dict({"weight": np.ones(3, np.float64)}, assign=True)
+    assert str(ours.weight.dtype) == str(theirs.weight.dtype).removeprefix("torch.")
+
 # ---------------------------------------------------------------------------
 # torch.nn.Module's surface without autograd, side by side with torch:
 # parameters, requires_grad_, train/eval, dtype conversions, zero_grad,
