@@ -28,12 +28,19 @@ from ._core import (
 from ._dtypes import DEFAULT_EPS, EPS_DTYPE, WEIGHT_DTYPES, loop_weight_dtype
 
 
-def _as_array(obj):
+def _as_array(obj, what: str):
     """ndarrays and duck arrays (dask, ...) as they are, anything else via NumPy.
 
     Duck arrays that implement ``__array_ufunc__`` reach the gufunc intact, so
-    it dispatches to them exactly as a NumPy ufunc would.
+    it dispatches to them exactly as a NumPy ufunc would. Masked arrays are
+    refused: the kernels would count the masked elements in the RMS, and
+    the result would still look masked.
     """
+    if isinstance(obj, np.ma.MaskedArray):
+        raise TypeError(
+            f"{what} is a masked array, which rmsnorm does not honour (masked elements would "
+            f"count in the RMS): pass {what}.filled(value) or {what}.data instead"
+        )
     if isinstance(obj, np.ndarray) or (
         hasattr(obj, "__array_ufunc__") and hasattr(obj, "shape") and hasattr(obj, "dtype")
     ):
@@ -126,7 +133,7 @@ def _prepare(input, normalized_shape, weight, eps):
     takes the fewest steps: in a decoding step this overhead is most of the
     call.
     """
-    x = input if type(input) is np.ndarray else _as_array(input)
+    x = input if type(input) is np.ndarray else _as_array(input, "input")
     dtype = x.dtype
     if dtype not in WEIGHT_DTYPES:
         dtype = _compute_dtype(x, "input")
@@ -150,7 +157,7 @@ def _prepare(input, normalized_shape, weight, eps):
         weight_dtype = dtype
     else:
         if type(weight) is not np.ndarray:
-            weight = _as_array(weight)
+            weight = _as_array(weight, "weight")
         # The type first: a str or an object is a wrong type, not a weight of shape [].
         loop_dtype = weight.dtype
         if loop_dtype not in WEIGHT_DTYPES[dtype]:
@@ -195,7 +202,7 @@ def _resolve_weight_offset(weight_offset, weight) -> np.float64 | None:
 
 def _check_residual(residual, x, what: str):
     """``residual`` as an array of x's shape and dtype, or the error that names the mismatch."""
-    residual = _as_array(residual)
+    residual = _as_array(residual, "residual")
     if tuple(residual.shape) != tuple(x.shape):
         raise ValueError(
             f"{what} must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
@@ -289,7 +296,7 @@ def rms_norm_backward(
 
 def _backward_grad(grad_output, x, dtype: np.dtype, what: str):
     """A gradient argument of the backward: x's shape, as an array of the compute dtype."""
-    grad = _as_array(grad_output)
+    grad = _as_array(grad_output, what)
     _compute_dtype(grad, what)
     if tuple(grad.shape) != tuple(x.shape):
         raise ValueError(

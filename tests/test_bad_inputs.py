@@ -155,6 +155,32 @@ bad("input", "gufunc_None", TypeError, ["forward", "input types"],
 bad("input", "gufunc_0d", ValueError, ["operand 0", "enough dimensions"],
     lambda c: rmsnorm.forward(c.keep(np.array(2.0, F32)), c.weight(), F32(1e-5)))
 
+# ---- masked: masked arrays, which would count their masked values ----------
+
+def _masked(c, array):
+    """array with its first element masked, kept (data and mask) by the caller."""
+    return c.keep(np.ma.masked_array(array, mask=np.arange(array.size).reshape(array.shape) == 0))
+
+
+MASKED_CALLS = {
+    "rms_norm_input": (["input", ".filled", ".data"],
+                       lambda c: rmsnorm.rms_norm(_masked(c, c.x()), 3)),
+    "rms_norm_weight": (["weight", ".filled"],
+                        lambda c: rmsnorm.rms_norm(c.x(), 3, _masked(c, c.weight()))),
+    "backward_input": (["input", ".filled"],
+                       lambda c: rmsnorm.rms_norm_backward(c.grad(), _masked(c, c.x()), 3)),
+    "backward_grad_output": (["grad_output", ".filled"],
+                             lambda c: rmsnorm.rms_norm_backward(_masked(c, c.grad()), c.x(), 3)),
+    "add_residual": (["residual", ".filled"],
+                     lambda c: rmsnorm.add_rms_norm(c.x(), _masked(c, c.x()), 3)),
+    "add_backward_grad_residual_out": (
+        ["grad_residual_out", ".filled"],
+        lambda c: rmsnorm.add_rms_norm_backward(c.grad(), _masked(c, c.grad()), c.x(), 3)),
+    "module_forward": (["input", ".filled"], lambda c: c.module(3)(_masked(c, c.x()))),
+}
+for _name, (_words, _call) in MASKED_CALLS.items():
+    bad("masked", _name, TypeError, ["masked array", *_words], _call)
+
 # ---- dtype: arrays of the wrong element type -------------------------------
 NON_FLOATING = {
     "int32": lambda: np.arange(6, dtype=np.int32).reshape(2, 3),
@@ -372,7 +398,7 @@ def test_bad_input_raises_naming_the_problem_and_changes_nothing(case, restore_n
 def test_catalogue_has_at_least_40_cases_in_every_listed_category():
     assert len(BAD_CASES) >= 40
     listed = {"input", "dtype", "normalized_shape", "weight", "eps", "out", "grad_output",
-              "module", "threads"}
+              "module", "threads", "masked"}
     assert listed <= set(CATALOGUE), f"categories missing: {listed - set(CATALOGUE)}"
 
 
