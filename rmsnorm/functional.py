@@ -96,6 +96,10 @@ def weight_shape_error(weight_shape, normalized_shape) -> ValueError:
     )
 
 
+# The largest eps each eps type takes without overflowing to inf.
+_LARGEST_EPS = {t.type: float(np.finfo(t).max) for t in set(EPS_DTYPE.values())}
+
+
 def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
     """eps as the loops take it, float32 unless the input is float64 (so a
     given eps is rounded to float32 there, as torch does); None is the
@@ -103,13 +107,18 @@ def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
     duck array may turn a Python float into a float64 array (dask does),
     which would pick the float64 loop for float32 input."""
     eps_type = EPS_DTYPE[dtype].type
-    if type(eps) is float:
-        return eps_type(eps)
     if eps is None:
         return eps_type(DEFAULT_EPS[dtype])
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
+    if type(eps) is not float and (not isinstance(eps, numbers.Real) or isinstance(eps, bool)):
         raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    return eps_type(eps)
+    try:
+        magnitude = abs(float(eps))  # a float: a NumPy float32 would overflow comparing
+    except OverflowError:  # an int past float64's range
+        magnitude = math.inf
+    if magnitude <= _LARGEST_EPS[eps_type]:
+        return eps_type(eps)
+    with np.errstate(over="ignore"):  # past float32's range it is inf, as in torch
+        return eps_type(eps if magnitude < math.inf else (math.inf if eps > 0 else -math.inf))
 
 
 @functools.lru_cache(maxsize=64)

@@ -45,6 +45,13 @@ RMS_ALWAYS_INLINE rms_dd rms_dd_sum_lanes(int count, double *sum, double *comp)
         }
     }
     rms_dd total;
+    if (!isfinite(sum[0])) {
+        /* inf or NaN: the error terms are NaN (inf - inf), and would turn
+           an infinite sum into NaN */
+        total.hi = sum[0];
+        total.lo = 0.0;
+        return total;
+    }
     total.hi = rms_two_sum(sum[0], comp[0], &total.lo);
     return total;
 }
@@ -77,6 +84,12 @@ static inline rms_dd rms_inv_rms_from_sum(rms_dd sum_squares, double n, double e
     rms_dd t;
     double err;
     t.hi = rms_two_sum(q, eps, &err);
+    if (!isfinite(t.hi)) {
+        /* eps = inf gives inv_rms 0, as 1 / sqrt(inf) is 0 in torch; the
+           error terms would be NaN (inf - inf) */
+        t.lo = 0.0;
+        return rms_dd_rsqrt(t);
+    }
     t.lo = err + remainder / n;
     t.hi = rms_two_sum(t.hi, t.lo, &t.lo);
     return rms_dd_rsqrt(t);

@@ -419,12 +419,13 @@ typedef struct {
     int product_error;   /* the fast path's, rms_fast16_product_error */
 } rms_inv_forms;
 
-/* How a row's blocks are written: each in double (with a weight offset:
-   offset + weight as hi + lo doubles), each in float, or each the fast
-   16-bit way where that is sure to be exact, else in double. */
+/* How a row's blocks are written: each in double, inlined or out of line
+   (rows with a weight offset, which takes offset + weight as hi + lo
+   doubles, and rows whose inv_rms is infinite), each in float, or each the
+   fast 16-bit way where that is sure to be exact, else in double. */
 typedef enum {
     RMS_WRITE_DOUBLE,
-    RMS_WRITE_DOUBLE_OFFSET,
+    RMS_WRITE_DOUBLE_OUT_OF_LINE,
     RMS_WRITE_FLOAT,
     RMS_WRITE_FAST16
 } rms_write_mode;
@@ -585,6 +586,25 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
     rms_store_rounded(xk, y, ys, count, &hi, &err, stream);
 }
 
+/* y = x * w * inv_rms for a block of a row whose inv_rms is infinite
+   (mean(x^2) + eps is exactly 0, eps negative): inf of the sign of x * w,
+   or NaN where x or w is 0, as torch has it; nothing to round. With a
+   weight offset, w is its hi part, which has the exact sum's sign. */
+RMS_ALWAYS_INLINE void rms_forward_block_unbounded(rms_kind xk, rms_kind wk, const char *x,
+                                                   ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                                   char *y, ptrdiff_t ys, ptrdiff_t count,
+                                                   double inv_rms, int stream)
+{
+    const rms_block xv = rms_load_doubles(xk, x, xs, count);
+    const rms_block wv = rms_load_doubles(wk, w, ws, count);
+    rms_block out;
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        out.part[h] = rms_vd_mul(rms_vd_mul(xv.part[h], wv.part[h]), rms_vd_set(inv_rms));
+    }
+    rms_store_narrowed(xk, y, ys, count, &out, stream);
+}
+
 /* rms_forward_block_double out of line: one copy for each pair of kinds,
    for the blocks that take it rarely (a fast write's unsure ones) or off
    the beaten path (a weight offset's). The write loops then inline only
@@ -599,6 +619,11 @@ typedef void (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, 
         const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws, const double *w_lo, char *y, \
         ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms, int stream)                             \
     {                                                                                          \
+        if (isinf(inv_rms.hi)) {                                                               \
+            rms_forward_block_unbounded(RMS_KIND_##x_kind, RMS_KIND_##w_kind, x, xs, w, ws, y, \
+                                        ys, count, inv_rms.hi, stream);                        \
+            return;                                                                            \
+        }                                                                                      \
         rms_forward_block_double(RMS_KIND_##x_kind, RMS_KIND_##w_kind, x, xs, w, ws, w_lo, y,  \
                                  ys, count, inv_rms, stream);                                  \
     }
@@ -959,7 +984,8 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
 {
     const rms_dd inv_rms = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
     const int in_float_range = inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100;
-    rms_write_mode mode = w->lo != NULL ? RMS_WRITE_DOUBLE_OFFSET : RMS_WRITE_DOUBLE;
+    rms_write_mode mode = w->lo != NULL || isinf(inv_rms.hi) ? RMS_WRITE_DOUBLE_OUT_OF_LINE
+                                                              : RMS_WRITE_DOUBLE;
     if (rms_has_fast16(xk)) {
         if (w->floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
             mode = RMS_WRITE_FAST16;
@@ -977,8 +1003,8 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
     case RMS_WRITE_FLOAT:
         return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, x, xs, w, y, ys,
                                  stream, inv_rms, next);
-    case RMS_WRITE_DOUBLE_OFFSET:
-        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OFFSET, with_residual, n, x, xs, w, y,
+    case RMS_WRITE_DOUBLE_OUT_OF_LINE:
+        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, x, xs, w, y,
                                  ys, stream, inv_rms, next);
     default:
         return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, with_residual, n, x, xs, w, y, ys,
@@ -1280,6 +1306,47 @@ typedef struct {
     ptrdiff_t stride;
 } rms_grad_residual;
 
+/*
+ * The backward of a row whose inv_rms r is infinite (mean(x^2) + eps is
+ * exactly 0): torch's composite gradient taken term by term, g w r - (r^3 /
+ * n) sum(g w x) x, each term inf or NaN, and NaN where the two oppose,
+ * which no finite rearrangement of the usual formula gives. grad_weight
+ * gains g x r. Rare enough to take the kinds at run time, out of line.
+ */
+RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n, const char *grad_output,
+                                             ptrdiff_t grad_output_stride, const char *x,
+                                             ptrdiff_t xs, const double *w, double sum_g_x,
+                                             rms_grad_residual gr, char *grad_input,
+                                             ptrdiff_t grad_input_stride, double *grad_weight)
+{
+    const rms_vd r = rms_vd_set(INFINITY), minus_sum = rms_vd_set(-sum_g_x);
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_block go = rms_load_doubles(
+            xk, rms_element(grad_output, i, grad_output_stride), grad_output_stride, count);
+        const rms_block xv = rms_load_doubles(xk, rms_element(x, i, xs), xs, count);
+        const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(w + i), 8, count);
+        rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)(grad_weight + i), 8, count);
+        rms_block residual, out;
+        if (gr.add_residual) {
+            residual =
+                rms_load_doubles(xk, rms_element(gr.data, i, gr.stride), gr.stride, count);
+        }
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            const rms_vd direct = rms_vd_mul(rms_vd_mul(go.part[h], wv.part[h]), r);
+            const rms_vd through_r = rms_vd_mul(rms_vd_mul(minus_sum, xv.part[h]), r);
+            out.part[h] = rms_vd_add(direct, through_r);
+            if (gr.add_residual) {
+                out.part[h] = rms_vd_add(out.part[h], residual.part[h]);
+            }
+            gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(rms_vd_mul(go.part[h], xv.part[h]), r));
+        }
+        rms_store_doubles((char *)(grad_weight + i), 8, count, &gw, 0);
+        rms_store_narrowed(xk, rms_element_out(grad_input, i, grad_input_stride),
+                           grad_input_stride, count, &out, 0);
+    }
+}
+
 /* One row of the backward. A streamed output's write loop also asks for
    the grad_output and x of a row further on (ahead_grad_output and ahead_x, or
    NULL), as rms_forward_write asks for the next row. w_as_stored says
@@ -1310,6 +1377,12 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
     const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES);
     const rms_dd inv_rms_dd = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
     const double inv_rms = inv_rms_dd.hi + inv_rms_dd.lo;
+    if (isinf(inv_rms)) {
+        rms_backward_row_unbounded(xk, n, grad_output, grad_output_stride, x, xs, w,
+                                   sum_g_x.hi + sum_g_x.lo, gr, grad_input, grad_input_stride,
+                                   grad_weight);
+        return;
+    }
     const rms_vd inv = rms_vd_set(inv_rms);
     const double mean_g_x_hat = inv_rms * (sum_g_x.hi + sum_g_x.lo) / (double)n;
     const rms_vd mean = rms_vd_set(mean_g_x_hat);
