@@ -1,6 +1,7 @@
 """Builds the C extension rmsnorm._core; the metadata is in pyproject.toml."""
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy
@@ -29,7 +30,23 @@ class BuildExt(build_ext):
                 ext.extra_link_args = ["-pthread"] + os.environ.get(
                     "RMSNORM_EXTRA_LDFLAGS", ""
                 ).split()
+        self.compile_sources_in_parallel()
         super().build_extensions()
+
+    def compile_sources_in_parallel(self):
+        """One compiler process per CPU: each instruction set's kernels are a
+        file of their own and take a minute or more to compile, and
+        setuptools would compile one extension's sources one at a time."""
+        compile_serially = self.compiler.compile
+
+        def compile_each(sources, *args, **kwargs):
+            def compile_one(source):
+                return compile_serially([source], *args, **kwargs)
+
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                return [obj for objects in pool.map(compile_one, sources) for obj in objects]
+
+        self.compiler.compile = compile_each
 
 
 setup(
