@@ -50,10 +50,12 @@ except ModuleNotFoundError as _error:
         name=_error.name,
     ) from None
 
-from . import reference
+from . import _environment, reference
 from ._version import __version__
 from .functional import add_rms_norm, add_rms_norm_backward, rms_norm, rms_norm_backward
 from .module import RMSNorm
+
+_environment.apply()
 
 
 def __getattr__(name: str):

@@ -1,7 +1,5 @@
 /* Picks, once, the widest instruction set that this CPU runs. */
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels.h"
 
@@ -85,14 +83,7 @@ rms_isa rms_select_isa(void)
             break;
         }
     }
-    /* RMSNORM_ISA may only narrow the choice: a wider set could crash. */
-    const char *requested = getenv("RMSNORM_ISA");
-    for (int isa = 0; requested && isa <= (int)best; isa++) {
-        if (strcmp(requested, isas[isa].name) == 0) {
-            best = (rms_isa)isa;
-        }
-    }
-    active = best;
+    active = best; /* RMSNORM_ISA narrows it, read at import (rmsnorm/_environment.py) */
     return active;
 }
 

@@ -4,7 +4,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sched.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 /* Hard cap on threads: a bound for the worker table, far above the rows'
@@ -106,11 +105,9 @@ int rms_pool_get_num_threads(void)
 {
     int n = atomic_load(&num_threads);
     if (n == 0) {
-        const char *env = getenv("RMSNORM_NUM_THREADS");
-        char *end = NULL;
-        long requested = env ? strtol(env, &end, 10) : 0;
-        int valid = env && end != env && *end == '\0' && requested > 0;
-        n = clamp_threads(valid ? requested : cpus_available());
+        /* RMSNORM_NUM_THREADS is read at import (rmsnorm/_environment.py),
+           which sets the count where it is given */
+        n = clamp_threads(cpus_available());
         atomic_store(&num_threads, n);
     }
     return n;

@@ -110,20 +110,23 @@ static PyMethodDef methods[] = {
      "set_num_threads($module, n, /)\n--\n\n"
      "Use at most n threads (n >= 1) in each forward or backward call.\n"
      "Results are the same bytes for any n. The default is the environment\n"
-     "variable RMSNORM_NUM_THREADS, else the number of CPUs this process may\n"
-     "run on; values past the pool's cap of 256 threads mean 256."},
+     "variable RMSNORM_NUM_THREADS, read when rmsnorm is imported, else the\n"
+     "number of CPUs this process may run on; values past the pool's cap of\n"
+     "256 threads mean 256."},
     {"get_num_threads", get_num_threads, METH_NOARGS,
      "get_num_threads($module, /)\n--\n\n"
      "The most threads a forward or backward call uses.\n\n"
      "Set by set_num_threads, else the environment variable\n"
-     "RMSNORM_NUM_THREADS, else the CPUs this process may run on."},
+     "RMSNORM_NUM_THREADS (read when rmsnorm is imported), else the CPUs\n"
+     "this process may run on."},
     {"_isa", isa_info, METH_NOARGS,
      "_isa() -> (active, supported)\n\n"
      "The instruction set the kernels run on, and those this CPU supports."},
     {"_set_isa", set_isa, METH_O,
      "_set_isa(name, /)\n\n"
      "Runs the kernels on another supported instruction set (for tests).\n"
-     "At start-up, the environment variable RMSNORM_ISA does the same."},
+     "When rmsnorm is imported, the environment variable RMSNORM_ISA does\n"
+     "the same (rmsnorm/_environment.py)."},
     {"_forward_direct", (PyCFunction)(void (*)(void))rms_forward_direct, METH_FASTCALL,
      "_forward_direct(x, weight, eps, /) -> y or None\n\n"
      "forward(x, weight, eps) without the ufunc machinery, for plain arrays\n"
