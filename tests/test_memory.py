@@ -74,3 +74,25 @@ def test_rms_norm_backward_allocates_only_its_outputs(arrays, weighted):
     weight = w if weighted else None
     peak = peak_bytes(lambda: rmsnorm.rms_norm_backward(dy, x, N, weight, 1e-6))
     assert peak < x.nbytes + w.nbytes + SLACK
+
+
+@pytest.mark.parametrize("function", ["rms_norm", "rms_norm_backward"])
+def test_weightless_calls_keep_no_memory_once_their_arrays_are_gone(function):
+    """weight=None uses a row of ones; no cache keeps rows of a caller's
+    size after the call (it kept up to 64 of any size: gigabytes)."""
+    def call(n):
+        x = np.ones((1, n))
+        if function == "rms_norm":
+            return rmsnorm.rms_norm(x, n)
+        return rmsnorm.rms_norm_backward(x, x, n)
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for k in range(8):
+            result = call((1 << 20) + k)  # 8 MiB of float64 each, each n its own
+            del result
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 4 * 1024 * 1024, f"{kept} bytes kept after 8 calls of 8 MiB rows"
