@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp_env.h"
 #include "thread_pool.h"
 
 /*
@@ -123,7 +124,9 @@ int rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_
     row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
     atomic_init(&job.failed, 0);
     if (job.chunks.count > 0) {
+        const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
         rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
+        rms_fp_env_leave(saved);
     }
     return atomic_load(&job.failed) ? -1 : 0;
 }
@@ -188,6 +191,7 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
     if (scratch == NULL) {
         return -1;
     }
+    const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);
     if (p.weight_offset != NULL) {
         /* offset + weight, rounded once to double: the backward's own
@@ -213,6 +217,7 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
         job.kernels->backward_rows(&p, 0, rows, job.weight, job.total);
     }
     job.kernels->store_weight(p.n, job.total, grad_weight, grad_weight_stride);
+    rms_fp_env_leave(saved);
     free(scratch);
     return 0;
 }

@@ -6,6 +6,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "fp_env.h"
+
 /* Hard cap on threads: a bound for the worker table, far above the rows'
    useful parallelism on any machine this runs on. */
 #define RMS_MAX_THREADS 256
@@ -53,7 +55,9 @@ static void *worker_main(void *arg)
         void *context = pool.context;
         int count = pool.active;
         pthread_mutex_unlock(&pool.lock);
+        const rms_fp_env saved = rms_fp_env_enter();
         task(context, index, count);
+        rms_fp_env_leave(saved);
         pthread_mutex_lock(&pool.lock);
         if (--pool.pending == 0) {
             pthread_cond_signal(&pool.work_done);
