@@ -96,3 +96,31 @@ def test_weightless_calls_keep_no_memory_once_their_arrays_are_gone(function):
     finally:
         tracemalloc.stop()
     assert kept < 4 * 1024 * 1024, f"{kept} bytes kept after 8 calls of 8 MiB rows"
+
+
+# A row of 2^40 elements: x, the weight and the outputs are stride-0 views
+# (no memory), but the scratch the kernels ask for (2n doubles, 16 TiB) is
+# more than any machine this runs on can give, so the call must refuse.
+HUGE_N = 2**40
+
+
+def _writable_stride_0(shape, dtype):
+    base = np.zeros(1, dtype)
+    return np.lib.stride_tricks.as_strided(base, shape=shape, strides=(0,) * len(shape),
+                                           writeable=True)
+
+
+@pytest.mark.parametrize("function", ["forward_offset", "backward"])
+def test_scratch_that_cannot_be_had_raises_a_memory_error_saying_how_much(function):
+    x = np.broadcast_to(np.float32(1.0), (1, HUGE_N))
+    weight = np.broadcast_to(np.float32(1.0), (HUGE_N,))
+    eps = np.float32(1e-6)
+    with pytest.raises(MemoryError) as error:
+        if function == "forward_offset":
+            rmsnorm.forward_offset(x, weight, 1.0, eps, out=_writable_stride_0(x.shape, np.float32))
+        else:
+            rmsnorm.backward(x, x, weight, eps, out=(_writable_stride_0(x.shape, np.float32),
+                                                   _writable_stride_0((HUGE_N,), np.float32)))
+    message = str(error.value)
+    assert f"{2 * HUGE_N * 8} bytes" in message, message
+    assert f"rows of {HUGE_N} elements" in message and "weight" in message, message

@@ -23,7 +23,8 @@
 typedef struct {
     /* Returns 0, or -1 where scratch memory (a weight offset's 2n doubles)
        cannot be had, having written nothing. */
-    int (*forward_rows)(const rms_forward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end);
+    /* 0, or the bytes of scratch it could not have */
+    size_t (*forward_rows)(const rms_forward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end);
     void (*backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,
                           const double *weight, double *grad_weight_partial);
     /* The backward's weight as n doubles, read once per call rather than

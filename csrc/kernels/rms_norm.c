@@ -79,7 +79,7 @@ typedef struct {
     const rms_kernels *kernels;
     const rms_forward_problem *problem;
     row_chunks chunks;
-    atomic_int failed;
+    atomic_size_t failed_bytes; /* 0, or scratch a chunk could not have */
 } forward_job;
 
 static void forward_task(void *context, int thread_index, int thread_count)
@@ -89,8 +89,9 @@ static void forward_task(void *context, int thread_index, int thread_count)
     (void)thread_index;
     (void)thread_count;
     while (take_chunk(&job->chunks, &begin, &end) >= 0) {
-        if (job->kernels->forward_rows(job->problem, begin, end) != 0) {
-            atomic_store(&job->failed, 1);
+        const size_t failed_bytes = job->kernels->forward_rows(job->problem, begin, end);
+        if (failed_bytes != 0) {
+            atomic_store(&job->failed_bytes, failed_bytes);
         }
     }
 }
@@ -113,7 +114,7 @@ static int has_weight_offset(const rms_forward_problem *p, ptrdiff_t rows)
     return 0;
 }
 
-int rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
+size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
 {
     rms_forward_problem p = *problem;
     p.stream_output = streams_output(rows, p.n, p.y.stride);
@@ -122,13 +123,13 @@ int rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_
     }
     forward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
     row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
-    atomic_init(&job.failed, 0);
+    atomic_init(&job.failed_bytes, 0);
     if (job.chunks.count > 0) {
         const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
         rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
         rms_fp_env_leave(saved);
     }
-    return atomic_load(&job.failed) ? -1 : 0;
+    return atomic_load(&job.failed_bytes);
 }
 
 /*
@@ -169,8 +170,8 @@ static void backward_task(void *context, int thread_index, int thread_count)
     }
 }
 
-int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdiff_t rows,
-                      char *grad_weight, ptrdiff_t grad_weight_stride)
+size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdiff_t rows,
+                         char *grad_weight, ptrdiff_t grad_weight_stride)
 {
     rms_backward_problem p = *problem;
     if (p.n <= 0) {
@@ -187,9 +188,10 @@ int rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdif
        total (a sum that starts at +0 is never -0), so a decoding step's
        backward touches no scratch beyond the weight and the total. */
     const int partials = job.chunks.count > 1 ? threads : 0;
-    double *scratch = malloc((size_t)p.n * (size_t)(2 + partials) * sizeof(double));
+    const size_t scratch_bytes = (size_t)p.n * (size_t)(2 + partials) * sizeof(double);
+    double *scratch = malloc(scratch_bytes);
     if (scratch == NULL) {
-        return -1;
+        return scratch_bytes;
     }
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);

@@ -77,14 +77,15 @@ typedef struct {
  * pool when it is large enough to pay. Results are the same bytes for any
  * thread count.
  */
-/* Returns 0, or -1 when scratch memory (2n doubles per thread, for a weight
-   offset) cannot be had. */
-int rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows);
+/* Returns 0, or the bytes of scratch memory it could not have (2n doubles
+   per thread, for a weight offset), having written nothing. */
+size_t rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows);
 
 /* Also writes grad_weight, the sum over rows, in the weight's kind.
-   Returns 0, or -1 when scratch memory (a few rows of doubles per thread)
-   cannot be had. */
-int rms_norm_backward(rms_type type, const rms_backward_problem *p, ptrdiff_t rows,
-                      char *grad_weight, ptrdiff_t grad_weight_stride);
+   Returns 0, or the bytes of scratch memory it could not have (the weight
+   and grad_weight's sum as doubles, and a partial sum per thread past one
+   chunk of rows), having written nothing. */
+size_t rms_norm_backward(rms_type type, const rms_backward_problem *p, ptrdiff_t rows,
+                         char *grad_weight, ptrdiff_t grad_weight_stride);
 
 #endif

@@ -1084,14 +1084,14 @@ RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int
  * share it, rather than in every row's write (a tenth of the float16
  * forward); with an offset, offset + weight is formed likewise, as doubles
  * and as floats. Where the floats' memory cannot be had, rows go in
- * double; returns -1 only where an offset's 2n doubles cannot be had,
- * having written nothing. Contiguous rows get the strides as constants,
+ * double; returns 0, or, where an offset's 2n doubles cannot be had, the
+ * bytes asked for, having written nothing. Contiguous rows get the strides as constants,
  * which lets each block be one vector load or store, and the next row's
  * reduction pass rides in the current row's write.
  */
-RMS_ALWAYS_INLINE int rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
-                                          const rms_forward_problem *p, ptrdiff_t row_begin,
-                                          ptrdiff_t row_end)
+RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
+                                             const rms_forward_problem *p, ptrdiff_t row_begin,
+                                             ptrdiff_t row_end)
 {
     const ptrdiff_t n = p->n;
     if (n <= 0 || row_begin >= row_end) {
@@ -1102,7 +1102,7 @@ RMS_ALWAYS_INLINE int rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_res
     const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
     char *scratch = floats_bytes + offset_bytes > 0 ? malloc(offset_bytes + floats_bytes) : NULL;
     if (scratch == NULL && offset_bytes > 0) {
-        return -1;
+        return offset_bytes + floats_bytes;
     }
     double *w_hi = with_offset ? (double *)scratch : NULL; /* first: malloc aligns for doubles */
     double *w_lo = with_offset ? w_hi + n : NULL;
@@ -1172,8 +1172,9 @@ RMS_ALWAYS_INLINE int rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_res
 /* The forward's rows, with or without a residual: a code path each, since
    a test in the reduction pass costs the plain forward registers in its
    hottest loop. */
-RMS_ALWAYS_INLINE int rms_forward_rows(rms_kind xk, rms_kind wk, const rms_forward_problem *p,
-                                       ptrdiff_t row_begin, ptrdiff_t row_end)
+RMS_ALWAYS_INLINE size_t rms_forward_rows(rms_kind xk, rms_kind wk,
+                                          const rms_forward_problem *p, ptrdiff_t row_begin,
+                                          ptrdiff_t row_end)
 {
     if (p->residual.data != NULL) {
         return rms_forward_rows_of(xk, wk, 1, p, row_begin, row_end);
@@ -1512,8 +1513,8 @@ RMS_ALWAYS_INLINE void rms_store_weight(rms_kind wk, ptrdiff_t n, const double *
 /* ---- one table entry per type ------------------------------------------- */
 
 #define RMS_ROW_KERNELS(name, x, weight)                                                   \
-    static int forward_rows_##name(const rms_forward_problem *p, ptrdiff_t row_begin,      \
-                                   ptrdiff_t row_end)                                      \
+    static size_t forward_rows_##name(const rms_forward_problem *p, ptrdiff_t row_begin,   \
+                                      ptrdiff_t row_end)                                   \
     {                                                                                      \
         return rms_forward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end);   \
     }                                                                                      \

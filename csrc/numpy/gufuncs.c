@@ -59,11 +59,15 @@ static int uses_bfloat16(rms_type type)
 static void discard_fp_flags(void) { feclearexcept(FE_ALL_EXCEPT); }
 
 /* Raises MemoryError from a loop, which runs without the GIL. */
-static void raise_no_memory(void)
+/* A MemoryError that says how much the kernels asked for, and for what. */
+static void raise_no_memory(size_t bytes, const char *what, npy_intp n)
 {
     NPY_ALLOW_C_API_DEF
     NPY_ALLOW_C_API
-    PyErr_NoMemory();
+    PyErr_Format(PyExc_MemoryError,
+                 "rmsnorm could not allocate %zu bytes of scratch memory for %s, with rows "
+                 "of %zd elements",
+                 bytes, what, (Py_ssize_t)n);
     NPY_DISABLE_C_API
 }
 
@@ -118,8 +122,9 @@ static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const
         problem.residual = (rms_matrix){args[r], steps[r], r_core};
         problem.residual_out = (rms_matrix){args[r_out], steps[r_out], r_out_core};
     }
-    if (rms_norm_forward(params->type, &problem, dimensions[0]) != 0) {
-        raise_no_memory();
+    const size_t failed_bytes = rms_norm_forward(params->type, &problem, dimensions[0]);
+    if (failed_bytes != 0) {
+        raise_no_memory(failed_bytes, "the weight offset added to the weight", problem.n);
     }
     discard_fp_flags();
 }
@@ -158,10 +163,11 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
             problem.grad_residual_out =
                 (rms_matrix){args[grad_r] + i * steps[grad_r], grad_r_core[0], grad_r_core[1]};
         }
-        if (rms_norm_backward(params->type, &problem, m,
-                              args[grad_weight] + i * steps[grad_weight],
-                              grad_weight_core[0]) != 0) {
-            raise_no_memory();
+        const size_t failed_bytes =
+            rms_norm_backward(params->type, &problem, m,
+                              args[grad_weight] + i * steps[grad_weight], grad_weight_core[0]);
+        if (failed_bytes != 0) {
+            raise_no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);
             break;
         }
     }
