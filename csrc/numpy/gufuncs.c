@@ -73,7 +73,7 @@ static void raise_no_memory(size_t bytes, const char *what, npy_intp n)
 
 /*
  * Each gufunc is one of two families, forward or backward, with or without
- * a residual and a weight offset (gufunc_variant). The variants add
+ * a residual and a weight offset (the VARIANT_ flags). The variants add
  * operands to the family's, at fixed places:
  *
  *   forward:  x, [residual], weight, [weight_offset], eps -> y, [residual_out]
