@@ -77,8 +77,9 @@ typedef struct {
  * pool when it is large enough to pay. Results are the same bytes for any
  * thread count.
  */
-/* Returns 0, or the bytes of scratch memory it could not have (2n doubles
-   per thread, for a weight offset), having written nothing. */
+/* Returns 0, or the bytes of scratch memory a chunk of rows could not have
+   (2n doubles per thread, for a weight offset); that chunk's rows of y are
+   left unwritten. */
 size_t rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows);
 
 /* Also writes grad_weight, the sum over rows, in the weight's kind.
