@@ -26,13 +26,22 @@ def _unusable(variable: str, value: str, why: str, instead: str) -> None:
     )
 
 
+def _whole_number(text: str) -> int | None:
+    if not text.isdecimal():
+        return None
+    try:
+        return int(text)
+    except ValueError:  # past the digits int() converts
+        return None
+
+
 def apply_num_threads(environ: Mapping[str, str]) -> None:
     value = environ.get("RMSNORM_NUM_THREADS", "")
     if not value.strip():
         return
-    text = value.strip()  # " 3 " is 3, as int() reads it
-    if text.isdecimal() and int(text) >= 1:
-        _core.set_num_threads(int(text))
+    count = _whole_number(value.strip())  # " 3 " is 3, as int() reads it
+    if count is not None and count >= 1:
+        _core.set_num_threads(count)  # the pool caps it
         return
     _unusable(
         "RMSNORM_NUM_THREADS",
@@ -47,7 +56,8 @@ def apply_isa(environ: Mapping[str, str]) -> None:
     if not value.strip():
         return
     try:
-        _core._set_isa(value.strip().lower())
+        # undecodable bytes come as lone surrogates, which the C cannot take
+        _core._set_isa(value.strip().lower().encode("ascii", "replace").decode("ascii"))
     except ValueError as error:  # an unknown name, or one this CPU cannot run
         active, supported = _core._isa()
         _unusable("RMSNORM_ISA", value, f"is refused ({error}; this CPU runs "

@@ -114,11 +114,11 @@ def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
     try:
         magnitude = abs(float(eps))  # a float: a NumPy float32 would overflow comparing
     except OverflowError:  # an int past float64's range
-        magnitude = math.inf
+        return eps_type(math.inf if eps > 0 else -math.inf)
     if magnitude <= _LARGEST_EPS[eps_type]:
         return eps_type(eps)
-    with np.errstate(over="ignore"):  # past float32's range it is inf, as in torch
-        return eps_type(eps if magnitude < math.inf else (math.inf if eps > 0 else -math.inf))
+    with np.errstate(over="ignore"):  # rounded, past float32's range to inf, as torch casts
+        return eps_type(eps)
 
 
 # Rows of ones up to this length are kept for reuse, 16 of them at most (2

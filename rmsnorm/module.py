@@ -352,7 +352,7 @@ class RMSNorm:
         if problems:
             raise ValueError("Error(s) in loading state_dict for RMSNorm: " + "; ".join(problems))
         if loads_weight:
-            if assign and value.dtype in WEIGHT_DTYPES:
+            if assign and value.dtype.newbyteorder("=") in WEIGHT_DTYPES:
                 self.weight = value
             else:
                 np.copyto(self.weight, value, casting="unsafe")

@@ -40,7 +40,8 @@ def _import_with(**variables) -> dict:
 DEFAULT = _import_with()
 
 
-@pytest.mark.parametrize("value, threads", [("3", 3), (" 3 ", 3), ("1", 1), ("400", 256)])
+@pytest.mark.parametrize("value, threads",
+                         [("3", 3), (" 3 ", 3), ("1", 1), ("400", 256), ("9" * 40, 256)])
 def test_num_threads_takes_a_whole_number_quietly(value, threads):
     seen = _import_with(RMSNORM_NUM_THREADS=value)
     assert seen["threads"] == threads
@@ -72,7 +73,7 @@ def test_isa_is_case_insensitive(value):
     assert seen["warnings"] == []
 
 
-@pytest.mark.parametrize("value", ["garbage", "avx-512", "sse2"])
+@pytest.mark.parametrize("value", ["garbage", "avx-512", "sse2", "avx\udcff"])
 def test_unknown_isa_warns_and_keeps_the_widest(value):
     seen = _import_with(RMSNORM_ISA=value)
     assert seen["isa"] == SUPPORTED_ISAS[-1]

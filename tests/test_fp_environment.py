@@ -102,3 +102,13 @@ def test_results_are_the_default_environments_bytes_at_any_thread_count(
         seen = {threads: _outputs(operation, x, weight, threads) for threads in (1, 2)}
     for threads, outputs in seen.items():
         assert outputs == expected, f"{environment}, {threads} thread(s), on {isa}"
+
+
+def test_the_callers_mode_is_given_back_after_a_call(restore_num_threads):
+    x = _subnormal_rows("float32")
+    tiny = np.array([SMALLEST_SUBNORMAL["float32"]] * 4, np.float32)
+    with _flush_denormals():
+        for threads in (1, 2):
+            _outputs("forward", x, np.ones(N, np.float32), threads)
+            _outputs("backward", x, np.ones(N, np.float32), threads)
+            assert not np.any(tiny * np.float32(1.0)), f"flush-to-zero lost at {threads} threads"

@@ -110,6 +110,16 @@ def _writable_stride_0(shape, dtype):
                                            writeable=True)
 
 
+def _overcommits_always() -> bool:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as setting:
+            return setting.read().strip() == "1"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_overcommits_always(), reason="with vm.overcommit_memory=1 malloc gives "
+                    "16 TiB, and the kernels would then write through it until the OOM killer")
 @pytest.mark.parametrize("function", ["forward_offset", "backward"])
 def test_scratch_that_cannot_be_had_raises_a_memory_error_saying_how_much(function):
     x = np.broadcast_to(np.float32(1.0), (1, HUGE_N))
@@ -124,3 +134,20 @@ def test_scratch_that_cannot_be_had_raises_a_memory_error_saying_how_much(functi
     message = str(error.value)
     assert f"{2 * HUGE_N * 8} bytes" in message, message
     assert f"rows of {HUGE_N} elements" in message and "weight" in message, message
+
+
+@pytest.mark.parametrize("function", ["forward_offset", "backward"])
+def test_scratch_past_any_address_space_raises_a_memory_error(function):
+    """A stride-0 float16 row of 2^61 elements (NumPy's limit is 2^63 bytes):
+    its scratch size does not fit a size_t."""
+    n = 2**61
+    x = np.broadcast_to(np.float16(1.0), (1, n))
+    weight = np.broadcast_to(np.float16(1.0), (n,))
+    with pytest.raises(MemoryError, match="could not allocate"):
+        if function == "forward_offset":
+            rmsnorm.forward_offset(x, weight, 1.0, np.float16(1e-6),
+                                   out=_writable_stride_0(x.shape, np.float16))
+        else:
+            rmsnorm.backward(x, x, weight, np.float16(1e-6),
+                             out=(_writable_stride_0(x.shape, np.float16),
+                                  _writable_stride_0((n,), np.float16)))

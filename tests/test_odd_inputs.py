@@ -381,7 +381,7 @@ def _subnormal_float64_row(c):
 
 odd("non_finite", "float64_subnormal_row_eps_0", _subnormal_float64_row,
     needs_patch="1/rms overflows to inf for an all-subnormal float64 row with eps=0, and the "
-                "row is NaN (keep inv_rms scaled by 2**k through the write pass)")
+                "row is +-inf (keep inv_rms scaled by 2**k through the write pass)")
 
 
 def _infinite_weight(c):

@@ -21,9 +21,8 @@
  * bit-for-bit deterministic.
  */
 typedef struct {
-    /* Returns 0, or -1 where scratch memory (a weight offset's 2n doubles)
-       cannot be had, having written nothing. */
-    /* 0, or the bytes of scratch it could not have */
+    /* Returns 0, or the bytes of scratch memory (a weight offset's 2n
+       doubles) it could not have, having written nothing. */
     size_t (*forward_rows)(const rms_forward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end);
     void (*backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,
                           const double *weight, double *grad_weight_partial);
@@ -46,9 +45,9 @@ typedef enum {
 const rms_kernels *rms_kernels_for(rms_type type);
 
 /*
- * Chooses the instruction set: the widest this CPU runs, unless the
- * environment variable RMSNORM_ISA names a narrower one ("baseline",
- * "avx2", "avx512"). Returns the one chosen. Call once before use.
+ * Chooses the instruction set: the widest this CPU runs (RMSNORM_ISA, read
+ * at import by rmsnorm/_environment.py, may narrow it through
+ * rms_force_isa). Returns the one chosen. Call once before use.
  */
 rms_isa rms_select_isa(void);
 rms_isa rms_active_isa(void);

@@ -3,6 +3,7 @@
 
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -188,7 +189,11 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
        total (a sum that starts at +0 is never -0), so a decoding step's
        backward touches no scratch beyond the weight and the total. */
     const int partials = job.chunks.count > 1 ? threads : 0;
-    const size_t scratch_bytes = (size_t)p.n * (size_t)(2 + partials) * sizeof(double);
+    const size_t per_element = (size_t)(2 + partials) * sizeof(double);
+    if ((size_t)p.n > SIZE_MAX / per_element) {
+        return SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
+    }
+    const size_t scratch_bytes = (size_t)p.n * per_element;
     double *scratch = malloc(scratch_bytes);
     if (scratch == NULL) {
         return scratch_bytes;

@@ -587,7 +587,8 @@ RMS_ALWAYS_INLINE void rms_forward_block_double(rms_kind xk, rms_kind wk, const 
 }
 
 /* y = x * w * inv_rms for a block of a row whose inv_rms is infinite
-   (mean(x^2) + eps is exactly 0, eps negative): inf of the sign of x * w,
+   (mean(x^2) + eps is exactly 0, eps negative, or an all-subnormal float64
+   row with eps = 0, whose 1 / rms passes DBL_MAX): inf of the sign of x * w,
    or NaN where x or w is 0, as torch has it; nothing to round. With a
    weight offset, w is its hi part, which has the exact sum's sign. */
 RMS_ALWAYS_INLINE void rms_forward_block_unbounded(rms_kind xk, rms_kind wk, const char *x,
@@ -600,7 +601,8 @@ RMS_ALWAYS_INLINE void rms_forward_block_unbounded(rms_kind xk, rms_kind wk, con
     rms_block out;
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
-        out.part[h] = rms_vd_mul(rms_vd_mul(xv.part[h], wv.part[h]), rms_vd_set(inv_rms));
+        /* torch's order: (x * inv_rms) * w, where x * w may underflow to 0 */
+        out.part[h] = rms_vd_mul(rms_vd_mul(xv.part[h], rms_vd_set(inv_rms)), wv.part[h]);
     }
     rms_store_narrowed(xk, y, ys, count, &out, stream);
 }
@@ -1098,6 +1100,9 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         return 0;
     }
     const int with_offset = p->weight_offset != NULL;
+    if ((size_t)n > SIZE_MAX / (2 * sizeof(double) + sizeof(float))) {
+        return SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
+    }
     const size_t floats_bytes = rms_has_fast16(xk) ? (size_t)n * sizeof(float) : 0;
     const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
     char *scratch = floats_bytes + offset_bytes > 0 ? malloc(offset_bytes + floats_bytes) : NULL;
@@ -1309,7 +1314,7 @@ typedef struct {
 
 /*
  * The backward of a row whose inv_rms r is infinite (mean(x^2) + eps is
- * exactly 0): torch's composite gradient taken term by term, g w r - (r^3 /
+ * exactly 0, or 1 / rms passes DBL_MAX): torch's composite gradient taken term by term, g w r - (r^3 /
  * n) sum(g w x) x, each term inf or NaN, and NaN where the two oppose,
  * which no finite rearrangement of the usual formula gives. grad_weight
  * gains g x r. Rare enough to take the kinds at run time, out of line.
@@ -1335,12 +1340,12 @@ RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n, const cha
         }
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const rms_vd direct = rms_vd_mul(rms_vd_mul(go.part[h], wv.part[h]), r);
-            const rms_vd through_r = rms_vd_mul(rms_vd_mul(minus_sum, xv.part[h]), r);
+            const rms_vd through_r = rms_vd_mul(rms_vd_mul(minus_sum, r), xv.part[h]);
             out.part[h] = rms_vd_add(direct, through_r);
             if (gr.add_residual) {
                 out.part[h] = rms_vd_add(out.part[h], residual.part[h]);
             }
-            gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(rms_vd_mul(go.part[h], xv.part[h]), r));
+            gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(go.part[h], rms_vd_mul(xv.part[h], r)));
         }
         rms_store_doubles((char *)(grad_weight + i), 8, count, &gw, 0);
         rms_store_narrowed(xk, rms_element_out(grad_input, i, grad_input_stride),

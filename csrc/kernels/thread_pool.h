@@ -19,8 +19,9 @@ typedef void (*rms_task)(void *context, int thread_index, int thread_count);
  */
 void rms_pool_run(rms_task task, void *context, int max_threads);
 
-/* The number of threads calls may use: set_num_threads's, else
-   RMSNORM_NUM_THREADS, else the CPUs this process may run on; any count is
+/* The number of threads calls may use: set_num_threads's (which
+   RMSNORM_NUM_THREADS sets at import), else the CPUs this process may run
+   on; any count is
    capped at RMS_MAX_THREADS (thread_pool.c) on the way in. */
 int rms_pool_get_num_threads(void);
 void rms_pool_set_num_threads(long long num_threads);

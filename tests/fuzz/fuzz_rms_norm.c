@@ -58,7 +58,7 @@
  *     float64_rows_near_max, xfail at 1 ULP).
  *   - FUZZ_SKIP_F64_INV_RMS_HUGE (skipped): float64 rows whose 1 / rms
  *     exceeds DBL_MAX (all-subnormal rows with eps = 0): inv_rms overflows
- *     to inf and the whole row of y is NaN where the exact result is finite.
+ *     to inf and the whole row of y is +-inf where the exact result is finite.
  */
 #include <float.h>
 #include <math.h>
