@@ -28,3 +28,15 @@ def restore_num_threads():
     before = rmsnorm.get_num_threads()
     yield
     rmsnorm.set_num_threads(before)
+
+
+@pytest.fixture(params=__import__("rmsnorm")._core._isa()[1])
+def isa(request):
+    """Runs the test once per instruction set this CPU has, then puts the
+    active one back."""
+    import rmsnorm
+
+    active = rmsnorm._core._isa()[0]
+    rmsnorm._core._set_isa(request.param)
+    yield request.param
+    rmsnorm._core._set_isa(active)

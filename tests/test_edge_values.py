@@ -46,14 +46,6 @@ GRAD_CASES = {
 }
 
 
-@pytest.fixture(params=rmsnorm._core._isa()[1])
-def isa(request):
-    active = rmsnorm._core._isa()[0]
-    rmsnorm._core._set_isa(request.param)
-    yield request.param
-    rmsnorm._core._set_isa(active)
-
-
 def _ours(values: np.ndarray, dtype: str) -> np.ndarray:
     return values.astype(BF16 if dtype == "bfloat16" else dtype)
 

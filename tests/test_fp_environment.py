@@ -27,14 +27,6 @@ SMALLEST_SUBNORMAL = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0
                       "float64": 2.0**-1074}
 
 
-@pytest.fixture(params=rmsnorm._core._isa()[1])
-def isa(request):
-    active = rmsnorm._core._isa()[0]
-    rmsnorm._core._set_isa(request.param)
-    yield request.param
-    rmsnorm._core._set_isa(active)
-
-
 def _subnormal_rows(dtype: str) -> np.ndarray:
     """Rows of the dtype's subnormals (odd multiples of the smallest one),
     every other row ordinary numbers, for x and for grad_output alike."""
