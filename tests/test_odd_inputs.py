@@ -368,9 +368,7 @@ def _rows_near_float64_max(c):
         np.ldexp(1.0 + c.rng.random((3, 22)), 1022) * np.sign(c.rng.standard_normal((3, 22)))))
 
 
-odd("non_finite", "float64_rows_near_max", _rows_near_float64_max,
-    needs_patch="inv_rms_rescaled returns 1/rms as a subnormal double for rows past 2**1022: "
-                "y is 2+ ULP off (keep inv_rms scaled by 2**k through the write pass)")
+odd("non_finite", "float64_rows_near_max", _rows_near_float64_max)
 
 
 def _subnormal_float64_row(c):
@@ -379,9 +377,7 @@ def _subnormal_float64_row(c):
     return _float64_rows_with_eps_0(c.keep(np.array([[5e-324, 1e-320, -3e-310]])))
 
 
-odd("non_finite", "float64_subnormal_row_eps_0", _subnormal_float64_row,
-    needs_patch="1/rms overflows to inf for an all-subnormal float64 row with eps=0, and the "
-                "row is +-inf (keep inv_rms scaled by 2**k through the write pass)")
+odd("non_finite", "float64_subnormal_row_eps_0", _subnormal_float64_row)
 
 
 def _infinite_weight(c):

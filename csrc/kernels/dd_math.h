@@ -95,6 +95,27 @@ static inline rms_dd rms_inv_rms_from_sum(rms_dd sum_squares, double n, double e
     return rms_dd_rsqrt(t);
 }
 
+/* (s + t) * 2^k rounded once to double, where s + t is a double-double
+   with t within half an ulp of s (s is their sum rounded to nearest).
+   Scaling s is exact unless the result is subnormal; there it rounds to
+   the subnormal grid, and t decides the one case that rounding cannot see:
+   s exactly halfway between two neighbours on that grid. Overflow to inf
+   is right as it is: s rounds as the exact sum does. s is a normal double
+   far from both ends of the range (its callers' are near 1). */
+static inline double rms_dd_ldexp(double s, double t, int k)
+{
+    const double r = ldexp(s, k);
+    if (!(fabs(r) < 0x1p-1022) || t == 0.0) {
+        return r;
+    }
+    const double off = s - ldexp(r, -k); /* exact: both on s's grid */
+    const double half_step = ldexp(1.0, -1075 - k); /* half the grid's step, scaled back */
+    if (fabs(off) == half_step && (off > 0.0) == (t > 0.0)) {
+        return nextafter(r, off > 0.0 ? INFINITY : -INFINITY);
+    }
+    return r;
+}
+
 /* Sums of squares outside [2^-900, 2^900] (or NaN) are recomputed on a
    scaled row: squares of float64 values overflow or lose bits there. */
 RMS_ALWAYS_INLINE int rms_sum_needs_rescale(double sum_squares)

@@ -22,6 +22,7 @@
 #ifndef RMSNORM_KERNELS_ROW_KERNELS_H
 #define RMSNORM_KERNELS_ROW_KERNELS_H
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -360,53 +361,76 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
     }
 }
 
+/* inv_rms as inv * 2^exponent, for rows where inv_rms itself would leave
+   double's normal range. */
+typedef struct {
+    rms_dd inv;
+    int exponent;
+} rms_scaled_inv;
+
 /*
  * inv_rms of a row whose plain sum of squares left the safe range: scale
  * the row by a power of two (exact) so that its largest element is near 1,
- * sum again, and undo the scale on the result. This is what keeps float64
- * rows near 1e160 or 1e-170 exact where a naive square overflows or
- * underflows. Float32 and narrower rows never get here: their squares are
- * exact in double.
+ * and sum again; inv is the scaled row's, and the scale is the exponent.
+ * This is what keeps float64 rows near 1e160 or 1e-170 exact where a naive
+ * square overflows or underflows. Float32 and narrower rows never get
+ * here: their squares are exact in double.
  */
-static inline rms_dd rms_inv_rms_rescaled(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
-                                          double eps, rms_dd unscaled)
+static inline rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const char *x,
+                                                ptrdiff_t xs, double eps, rms_dd unscaled)
 {
+    rms_scaled_inv result = {{0.0, 0.0}, 0};
     double amax = 0.0;
     for (ptrdiff_t i = 0; i < n; i++) {
         double a = fabs(rms_load_scalar(xk, rms_element(x, i, xs)));
         amax = (a > amax || isnan(a)) && !isnan(amax) ? a : amax; /* NaN sticks */
     }
     if (isnan(amax) || amax == 0.0) {
-        return rms_inv_rms_from_sum(unscaled, (double)n, eps); /* NaN, or 1/sqrt(eps) */
+        result.inv = rms_inv_rms_from_sum(unscaled, (double)n, eps); /* NaN, or 1/sqrt(eps) */
+        return result;
     }
     if (isinf(amax)) {
         /* mean(x^2) is inf, so inv_rms is 0 (NaN if eps is NaN or -inf), as in
            torch; the unscaled sum may hold NaN from its error terms instead. */
         rms_dd infinite = {INFINITY + eps, 0.0};
-        return rms_dd_rsqrt(infinite);
+        result.inv = rms_dd_rsqrt(infinite);
+        return result;
     }
     int exponent;
     frexp(amax, &exponent);
+    if (exponent < -1021) {
+        exponent = -1021; /* a subnormal amax: 2^-exponent would overflow */
+    }
     double scaled_eps = ldexp(eps, -2 * exponent);
     if (isinf(scaled_eps)) {
         /* eps dwarfs mean(x^2) by more than 2^1000: only eps counts. */
         rms_dd zero = {0.0, 0.0};
-        return rms_inv_rms_from_sum(zero, (double)n, eps);
+        result.inv = rms_inv_rms_from_sum(zero, (double)n, eps);
+        return result;
     }
     rms_dd scaled = rms_sum_squares(xk, n, x, xs, 1, ldexp(1.0, -exponent));
-    rms_dd inv_rms = rms_inv_rms_from_sum(scaled, (double)n, scaled_eps);
-    inv_rms.hi = ldexp(inv_rms.hi, -exponent);
-    inv_rms.lo = ldexp(inv_rms.lo, -exponent);
-    return inv_rms;
+    result.inv = rms_inv_rms_from_sum(scaled, (double)n, scaled_eps);
+    result.exponent = -exponent;
+    return result;
 }
 
-RMS_ALWAYS_INLINE rms_dd rms_inv_rms(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
-                                     double eps, rms_dd sum_squares)
+/* Whether inv_rms, unscaled, keeps the precision that the vector write
+   passes need: a normal double whose low part is normal too, and whose
+   products with the row's elements neither overflow nor underflow. A
+   positive finite inv only: the others are the same unscaled. */
+static inline int rms_scaled_inv_in_range(rms_scaled_inv s)
 {
-    if (rms_sum_needs_rescale(sum_squares.hi)) {
-        return rms_inv_rms_rescaled(xk, n, x, xs, eps, sum_squares);
+    if (s.exponent == 0 || !(s.inv.hi > 0.0) || isinf(s.inv.hi)) {
+        return 1;
     }
-    return rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+    const int binade = ilogb(s.inv.hi) + s.exponent;
+    return binade >= -960 && binade <= 960;
+}
+
+static inline rms_dd rms_scaled_inv_value(rms_scaled_inv s)
+{
+    rms_dd value = {ldexp(s.inv.hi, s.exponent), ldexp(s.inv.lo, s.exponent)};
+    return value;
 }
 
 /* ---- the forward -------------------------------------------------------- */
@@ -970,6 +994,52 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
 }
 
 /*
+ * y for a float64 row whose inv_rms leaves double's normal range (its
+ * largest element past about 2^1000 or below 2^-1000, with eps too small
+ * to matter): one element at a time, since such rows are rare. With
+ * inv_rms = inv * 2^k, y = x * w * inv is formed from the significands of
+ * x and w in double-double, their exponents and k summed apart, and
+ * rounded once at the end (rms_dd_ldexp): no step overflows, underflows,
+ * or rounds before that one. Where x or w is 0, inf or NaN, y is x * w,
+ * its sign and its inf or NaN as torch's, since inv_rms is positive and
+ * finite. Returns the next row's sum of squares, as rms_forward_write
+ * does.
+ */
+RMS_NOINLINE rms_dd rms_forward_row_extreme(rms_kind wk, int with_residual, ptrdiff_t n,
+                                            const char *x, ptrdiff_t xs, const rms_row_weight *w,
+                                            char *y, ptrdiff_t ys, rms_scaled_inv inv,
+                                            const rms_row_source *next)
+{
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const double xi = rms_load_scalar(RMS_KIND_F64, rms_element(x, i, xs));
+        const double w_hi = w->lo != NULL ? w->hi[i]
+                                          : rms_load_scalar(wk, rms_element(w->data, i, w->stride));
+        double yi = xi * w_hi; /* the zeros, infs and NaNs; x * w itself may not fit */
+        if (isfinite(xi) && isfinite(w_hi) && xi != 0.0 && w_hi != 0.0) {
+            int x_exponent, w_exponent;
+            const double x_sig = frexp(xi, &x_exponent), w_sig = frexp(w_hi, &w_exponent);
+            const double w_lo = w->lo != NULL ? ldexp(w->lo[i], -w_exponent) : 0.0;
+            /* a = x_sig * (w_sig + w_lo), then a * inv, each as hi + lo */
+            const double a_hi = x_sig * w_sig;
+            const double a_lo = fma(x_sig, w_sig, -a_hi) + x_sig * w_lo;
+            const double b_hi = a_hi * inv.inv.hi;
+            const double b_lo = fma(a_hi, inv.inv.hi, -b_hi) + (a_hi * inv.inv.lo + a_lo * inv.inv.hi);
+            double err;
+            const double sum = rms_two_sum(b_hi, b_lo, &err);
+            yi = rms_dd_ldexp(sum, err, x_exponent + w_exponent + inv.exponent);
+        }
+        memcpy(rms_element_out(y, i, ys), &yi, sizeof yi);
+    }
+    rms_dd none = {0.0, 0.0};
+    if (next->x == NULL) {
+        return none;
+    }
+    rms_lanes lanes;
+    rms_lanes_clear(&lanes);
+    return rms_reduce_row(RMS_KIND_F64, with_residual, &lanes, 0, n, next);
+}
+
+/*
  * One row of the forward: inv_rms from its sum of squares, then the write.
  * The float write needs inv_rms's low part inside float's normal range; so
  * does the fast 16-bit one, and for bfloat16 inv_rms <= 2^15 besides: then
@@ -984,7 +1054,17 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
                                          double eps, char *y, ptrdiff_t ys, int stream,
                                          rms_dd sum_squares, const rms_row_source *next)
 {
-    const rms_dd inv_rms = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
+    rms_dd inv_rms;
+    if (rms_sum_needs_rescale(sum_squares.hi)) {
+        const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
+        if (xk == RMS_KIND_F64 && !rms_scaled_inv_in_range(scaled)) {
+            return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys, scaled, next);
+        }
+        inv_rms = rms_scaled_inv_value(scaled);
+    }
+    else {
+        inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+    }
     const int in_float_range = inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100;
     rms_write_mode mode = w->lo != NULL || isinf(inv_rms.hi) ? RMS_WRITE_DOUBLE_OUT_OF_LINE
                                                               : RMS_WRITE_DOUBLE;
@@ -1353,6 +1433,109 @@ RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n, const cha
     }
 }
 
+/* A double stored in kind, rounded once, for per-element scalar work. */
+RMS_ALWAYS_INLINE void rms_store_scalar(rms_kind kind, char *p, double v)
+{
+    const rms_block block = rms_load_doubles(RMS_KIND_F64, (const char *)&v, 8, 1);
+    rms_store_narrowed(kind, p, 0, 1, &block, 0);
+}
+
+/* a * 2^a_exponent - b * 2^b_exponent, rounded. */
+static inline double rms_scaled_difference(double a, int a_exponent, double b, int b_exponent)
+{
+    if (a_exponent >= b_exponent) {
+        return ldexp(a - ldexp(b, b_exponent - a_exponent), a_exponent);
+    }
+    return ldexp(ldexp(a, a_exponent - b_exponent) - b, b_exponent);
+}
+
+/*
+ * The backward of a row whose inv_rms leaves double's normal range, or
+ * whose sum(g w x) overflowed or underflowed with every input finite
+ * (grad_output near either end of the range, a row near 2^-1000 or
+ * 2^1000): one element at a time, since such rows are rare. Every product
+ * is formed from its factors' significands, with their exponents summed
+ * apart, so nothing overflows or underflows until an output is rounded:
+ *
+ *   g_j x_hat_j    = (go_j w_j x_j inv) * 2^(E_j + k), summed as
+ *                    S * 2^(E_max + k), S near 1,
+ *   grad_input_i   = inv g_i - inv x_hat_i * S / n * 2^(E_max + k),
+ *   grad_weight_i += go_i x_hat_i,
+ *
+ * where go, w, x and inv (inv_rms = inv * 2^k) stand for significands
+ * and E_j is the sum of go_j's, w_j's and x_j's exponents. Returns 0,
+ * having written nothing, where an input or inv_rms is not finite: the
+ * vector path gives torch's non-finite results there.
+ */
+RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *grad_output,
+                                          ptrdiff_t grad_output_stride, const char *x,
+                                          ptrdiff_t xs, const double *w, rms_scaled_inv scaled,
+                                          rms_grad_residual gr,
+                                          char *grad_input, ptrdiff_t grad_input_stride,
+                                          double *grad_weight)
+{
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const double go = rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride));
+        const double xj = rms_load_scalar(xk, rms_element(x, j, xs));
+        if (!isfinite(go) || !isfinite(xj) || !isfinite(w[j])) {
+            return 0;
+        }
+    }
+    const double inv = scaled.inv.hi + scaled.inv.lo;
+    if (!(inv > 0.0) || isinf(inv)) {
+        return 0;
+    }
+    const int k = scaled.exponent;
+    /* E_max first, then S over the terms scaled by it, in index order */
+    int e_max = INT_MIN;
+    for (ptrdiff_t j = 0; j < n; j++) {
+        int e_go, e_w, e_x;
+        const double go_sig =
+            frexp(rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride)), &e_go);
+        const double term = go_sig * frexp(w[j], &e_w) *
+                            frexp(rms_load_scalar(xk, rms_element(x, j, xs)), &e_x);
+        if (term != 0.0 && e_go + e_w + e_x > e_max) {
+            e_max = e_go + e_w + e_x;
+        }
+    }
+    double sum = 0.0;
+    for (ptrdiff_t j = 0; e_max != INT_MIN && j < n; j++) {
+        int e_go, e_w, e_x;
+        const double go_sig =
+            frexp(rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride)), &e_go);
+        const double term = go_sig * frexp(w[j], &e_w) *
+                            frexp(rms_load_scalar(xk, rms_element(x, j, xs)), &e_x) * inv;
+        sum += ldexp(term, e_go + e_w + e_x - e_max);
+    }
+    const double mean = sum / (double)n;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        int e_go, e_w, e_x;
+        const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
+        const double go_sig = frexp(go, &e_go), w_sig = frexp(w[i], &e_w);
+        const double x_sig = frexp(rms_load_scalar(xk, rms_element(x, i, xs)), &e_x);
+        /* inv g_i, less inv x_hat_i mean(g x_hat) (both 0 where sum is) */
+        double out = rms_scaled_difference(inv * go_sig * w_sig, e_go + e_w + k,
+                                           inv * inv * x_sig * mean,
+                                           e_max == INT_MIN ? 0 : e_x + e_max + 3 * k);
+        if (gr.add_residual) {
+            out += rms_load_scalar(xk, rms_element(gr.data, i, gr.stride));
+        }
+        rms_store_scalar(xk, rms_element_out(grad_input, i, grad_input_stride), out);
+        grad_weight[i] += ldexp(go_sig * x_sig * inv, e_go + e_x + k);
+    }
+    return 1;
+}
+
+/* Whether a backward row goes to rms_backward_row_extreme: inv_rms left
+   the range where the vector path is exact enough, or sum(g w x) is past
+   2^900 (inf and NaN included), or non-zero and below 2^-900. */
+RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_scaled_inv inv_rms, rms_dd sum_g_x)
+{
+    const double dot = fabs(sum_g_x.hi);
+    return !(dot <= 0x1p900) || (dot != 0.0 && dot < 0x1p-900) ||
+           !rms_scaled_inv_in_range(inv_rms);
+}
+
 /* One row of the backward. A streamed output's write loop also asks for
    the grad_output and x of a row further on (ahead_grad_output and ahead_x, or
    NULL), as rms_forward_write asks for the next row. w_as_stored says
@@ -1381,7 +1564,19 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
     }
     const rms_dd sum_squares = rms_lanes_total(&squares, RMS_DOT_LANES);
     const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES);
-    const rms_dd inv_rms_dd = rms_inv_rms(xk, n, x, xs, eps, sum_squares);
+    rms_scaled_inv scaled = {{0.0, 0.0}, 0};
+    if (rms_sum_needs_rescale(sum_squares.hi)) {
+        scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
+    }
+    else {
+        scaled.inv = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+    }
+    if (rms_backward_row_is_extreme(scaled, sum_g_x) &&
+        rms_backward_row_extreme(xk, n, grad_output, grad_output_stride, x, xs, w, scaled, gr,
+                                 grad_input, grad_input_stride, grad_weight)) {
+        return;
+    }
+    const rms_dd inv_rms_dd = rms_scaled_inv_value(scaled);
     const double inv_rms = inv_rms_dd.hi + inv_rms_dd.lo;
     if (isinf(inv_rms)) {
         rms_backward_row_unbounded(xk, n, grad_output, grad_output_stride, x, xs, w,

@@ -1,0 +1,133 @@
+"""float64 rows and gradients at either end of the range: exact, or within a
+few ULP for the gradients, where torch's composite overflows, underflows or
+gives NaN.
+
+mean(x^2) of a row near 2^-1000 underflows double, and of one near 2^1000
+overflows it; 1 / rms of a subnormal row with eps = 0 is past the largest
+double, and of a row near 2^1023 is subnormal; sum(grad_output * w * x)
+leaves the range when grad_output is near either end too. The exact values
+are none of these: y = x / rms lies within sqrt(n) of 0 for every row.
+
+The reference is decimal arithmetic at 60 digits and an exponent range far
+past double's, rounded once to the nearest double (float() of a Decimal is
+correctly rounded), so it needs no float64 step that could itself
+overflow.
+"""
+
+from __future__ import annotations
+
+from decimal import Context, Decimal, localcontext
+
+import numpy as np
+import pytest
+
+import rmsnorm
+
+N = 7
+WIDE = Context(prec=60, Emin=-99999, Emax=99999)
+
+# Rows by the binade of their largest element, from the smallest subnormal
+# to the largest finite double.
+ROW_SCALES = {
+    "smallest_subnormals": 2.0**-1074,
+    "subnormal": 2.0**-1040,
+    "just_below_normal": 2.0**-1023,
+    "near_2_to_minus_1000": 2.0**-1000,
+    "near_2_to_1000": 2.0**1000,
+    "near_2_to_1022": 2.0**1022,
+    "near_the_largest_double": 2.0**1023,
+}
+GRAD_SCALES = {
+    "grad_output_subnormal": 2.0**-1050,
+    "grad_output_tiny": 2.0**-1000,
+    "grad_output_ordinary": 1.0,
+    "grad_output_huge": 2.0**1000,
+}
+
+
+def _row(scale: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    signs = np.where(rng.random((3, N)) < 0.5, -1.0, 1.0)
+    if scale < 2.0**-1060:
+        # a few ULPs of the smallest subnormal: 1 to 7 times 2^-1074
+        return signs * rng.integers(1, 8, (3, N)) * scale
+    # largest element in [scale, 2 scale), the largest double at most
+    values = signs * (1.0 + rng.random((3, N))) * scale
+    return np.clip(values, -np.finfo(np.float64).max, np.finfo(np.float64).max)
+
+
+def _weight(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0.25, 4.0, N) * np.array([1, -1, 1, 1, -1, 1, 1])
+
+
+def _exact_forward(x, weight, eps, offset=0.0):
+    out = np.empty_like(x)
+    with localcontext(WIDE):
+        for r, row in enumerate(x):
+            values = [Decimal(v) for v in row]
+            mean = sum(v * v for v in values) / len(values) + Decimal(eps)
+            inv = 1 / mean.sqrt()
+            out[r] = [float(v * inv * (Decimal(offset) + Decimal(w)))
+                      for v, w in zip(values, weight)]
+    return out
+
+
+def _exact_backward(grad_output, x, weight, eps):
+    grad_input = np.empty_like(x)
+    grad_weight = [Decimal(0)] * x.shape[1]
+    with localcontext(WIDE):
+        for r, (g_row, row) in enumerate(zip(grad_output, x)):
+            g = [Decimal(v) for v in g_row]
+            values = [Decimal(v) for v in row]
+            w = [Decimal(v) for v in weight]
+            n = len(values)
+            inv = 1 / (sum(v * v for v in values) / n + Decimal(eps)).sqrt()
+            dot = sum(a * b * c for a, b, c in zip(g, w, values))
+            grad_input[r] = [float(inv * a * b - c * inv**3 * dot / n)
+                             for a, b, c in zip(g, w, values)]
+            grad_weight = [s + a * c * inv for s, a, c in zip(grad_weight, g, values)]
+        return grad_input, np.array([float(s) for s in grad_weight])
+
+
+def _assert_close_to_exact(ours, exact, what, ulps=8):
+    """Equal infinities where the exact value overflows; elsewhere within
+    `ulps` ULPs of the row's largest exact element."""
+    assert np.array_equal(np.isinf(ours), np.isinf(exact)), f"{what}: {ours} vs {exact}"
+    assert not np.isnan(ours).any(), f"{what}: NaN in {ours}"
+    finite = np.isfinite(exact)
+    scale = np.max(np.abs(np.where(finite, exact, 0.0)), axis=-1, keepdims=True)
+    bound = ulps * np.spacing(scale) + np.finfo(np.float64).smallest_subnormal
+    bound = np.broadcast_to(bound, exact.shape)
+    error = np.abs(np.subtract(ours, exact, out=np.zeros_like(ours), where=finite))
+    assert (error <= bound).all(), f"{what}: {ours} vs {exact}"
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-300], ids=["eps_0", "eps_tiny"])
+@pytest.mark.parametrize("case", ROW_SCALES)
+def test_forward_is_the_exact_result_rounded_once(case, eps, isa):
+    x = _row(ROW_SCALES[case], seed=1)
+    weight = _weight(2)
+    with np.errstate(all="raise"):
+        y = rmsnorm.rms_norm(x, N, weight, eps=eps)
+    np.testing.assert_array_equal(y, _exact_forward(x, weight, eps))
+
+
+@pytest.mark.parametrize("case", ROW_SCALES)
+def test_forward_with_a_weight_offset_is_the_exact_result_rounded_once(case, isa):
+    x = _row(ROW_SCALES[case], seed=3)
+    weight = _weight(4) - 1.0
+    y = rmsnorm.rms_norm(x, N, weight, eps=0.0, weight_offset=1.0)
+    np.testing.assert_array_equal(y, _exact_forward(x, weight, 0.0, offset=1.0))
+
+
+@pytest.mark.parametrize("grad_case", GRAD_SCALES)
+@pytest.mark.parametrize("case", ROW_SCALES)
+def test_gradients_are_near_the_exact_ones(case, grad_case, isa):
+    x = _row(ROW_SCALES[case], seed=5)
+    weight = _weight(6)
+    grad_output = _row(GRAD_SCALES[grad_case], seed=7)
+    with np.errstate(all="raise"):
+        grad_input, grad_weight = rmsnorm.rms_norm_backward(grad_output, x, N, weight, eps=0.0)
+    exact_input, exact_weight = _exact_backward(grad_output, x, weight, 0.0)
+    _assert_close_to_exact(grad_input, exact_input, "grad_input")
+    _assert_close_to_exact(grad_weight, exact_weight, "grad_weight")
