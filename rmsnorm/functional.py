@@ -121,28 +121,20 @@ def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
         return eps_type(eps)
 
 
-# Rows of ones up to this length are kept for reuse, 16 of them at most (2
-# MiB in all); longer ones are made for each call and freed with it, so that
-# no cache holds memory the size of a caller's rows once their arrays are gone.
-_KEPT_ONES_MAX = 16384
-
-
 def _unit_weight(n: int, dtype: np.dtype) -> np.ndarray:
     # A row of ones: multiplying by 1 is exact, so this is the unweighted
-    # norm without a second code path. Contiguous (not a stride-0 view), so
-    # the kernels take their vectorised path; read-only, as it may be shared.
-    if n <= _KEPT_ONES_MAX:
-        return _kept_unit_weight(n, dtype)
-    ones = np.ones(n, dtype)
-    ones.flags.writeable = False
-    return ones
+    # norm without a second code path. A stride-0 view of one element, so a
+    # row of any length takes no memory; the kernels copy a strided weight
+    # once per call into a packed row of their own, freed with the call, and
+    # serve it at full speed.
+    return np.broadcast_to(_one(dtype), (n,))
 
 
-@functools.lru_cache(maxsize=16)
-def _kept_unit_weight(n: int, dtype: np.dtype) -> np.ndarray:
-    ones = np.ones(n, dtype)
-    ones.flags.writeable = False
-    return ones
+@functools.lru_cache(maxsize=None)  # one entry per dtype the loops serve
+def _one(dtype: np.dtype) -> np.ndarray:
+    one = np.ones(1, dtype)
+    one.flags.writeable = False
+    return one
 
 
 def _prepare(input, normalized_shape, weight, eps):

@@ -77,6 +77,19 @@ def test_rms_norm_backward_allocates_only_its_outputs(arrays, weighted):
 
 
 @pytest.mark.parametrize("function", ["rms_norm", "rms_norm_backward"])
+def test_weightless_calls_make_no_row_of_ones(function):
+    """weight=None reaches the kernels as a stride-0 view of one 1: a row of
+    ones of the input's length would double a one-row call's memory."""
+    n = 1 << 20
+    x = np.ones((1, n))
+    if function == "rms_norm":
+        peak, outputs = peak_bytes(lambda: rmsnorm.rms_norm(x, n)), 1
+    else:
+        peak, outputs = peak_bytes(lambda: rmsnorm.rms_norm_backward(x, x, n)), 2
+    assert peak < outputs * x.nbytes + SLACK
+
+
+@pytest.mark.parametrize("function", ["rms_norm", "rms_norm_backward"])
 def test_weightless_calls_keep_no_memory_once_their_arrays_are_gone(function):
     """weight=None uses a row of ones; no cache keeps rows of a caller's
     size after the call (it kept up to 64 of any size: gigabytes)."""

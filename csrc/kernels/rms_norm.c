@@ -115,12 +115,59 @@ static int has_weight_offset(const rms_forward_problem *p, ptrdiff_t rows)
     return 0;
 }
 
+/*
+ * A weight that is not contiguous (a stride-0 row of ones, which is how
+ * weight=None reaches the kernels, or a strided view) as a packed copy in
+ * its own kind, or NULL where it is contiguous already or the copy cannot
+ * be had (the kernels then read it strided, more slowly). The kernels'
+ * fast paths take contiguous rows only; one copy per call, the weight's
+ * own size and freed with the call, is what lets every shared weight use
+ * them.
+ */
+static char *packed_weight(rms_kind kind, ptrdiff_t n, const char *data, ptrdiff_t stride)
+{
+    const ptrdiff_t size = rms_kind_size(kind);
+    if (stride == size || n <= 0 || (size_t)n > SIZE_MAX / (size_t)size) {
+        return NULL;
+    }
+    char *packed = malloc((size_t)n * (size_t)size);
+    if (packed == NULL) {
+        return NULL;
+    }
+    /* a constant size in each loop: each copy is one load and one store */
+    switch (size) {
+    case 8:
+        for (ptrdiff_t i = 0; i < n; i++) {
+            memcpy(packed + i * 8, data + i * stride, 8);
+        }
+        break;
+    case 4:
+        for (ptrdiff_t i = 0; i < n; i++) {
+            memcpy(packed + i * 4, data + i * stride, 4);
+        }
+        break;
+    default:
+        for (ptrdiff_t i = 0; i < n; i++) {
+            memcpy(packed + i * 2, data + i * stride, 2);
+        }
+    }
+    return packed;
+}
+
 size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
 {
     rms_forward_problem p = *problem;
     p.stream_output = streams_output(rows, p.n, p.y.stride);
     if (!has_weight_offset(&p, rows)) {
         p.weight_offset = NULL;
+    }
+    const rms_kind weight_kind = rms_type_table[type].weight;
+    char *packed = p.weight.row_stride == 0 && rows > 0
+                       ? packed_weight(weight_kind, p.n, p.weight.data, p.weight.stride)
+                       : NULL;
+    if (packed != NULL) {
+        p.weight.data = packed;
+        p.weight.stride = rms_kind_size(weight_kind);
     }
     forward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
     row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
@@ -130,6 +177,7 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
         rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
         rms_fp_env_leave(saved);
     }
+    free(packed);
     return atomic_load(&job.failed_bytes);
 }
 
@@ -198,6 +246,12 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     if (scratch == NULL) {
         return scratch_bytes;
     }
+    const rms_kind weight_kind = rms_type_table[type].weight;
+    char *packed = packed_weight(weight_kind, p.n, p.weight, p.weight_stride);
+    if (packed != NULL) {
+        p.weight = packed;
+        p.weight_stride = rms_kind_size(weight_kind);
+    }
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);
     if (p.weight_offset != NULL) {
@@ -225,6 +279,7 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     }
     job.kernels->store_weight(p.n, job.total, grad_weight, grad_weight_stride);
     rms_fp_env_leave(saved);
+    free(packed);
     free(scratch);
     return 0;
 }

@@ -49,11 +49,6 @@
 
 /* ---- elements and blocks ------------------------------------------------ */
 
-RMS_ALWAYS_INLINE ptrdiff_t rms_kind_size(rms_kind kind)
-{
-    return kind == RMS_KIND_F64 ? 8 : kind == RMS_KIND_F32 ? 4 : 2;
-}
-
 /* Every value of the kind is a float, so products of two are exact in
    double and a sum of them needs no compensation. */
 RMS_ALWAYS_INLINE int rms_kind_is_float_exact(rms_kind kind) { return kind != RMS_KIND_F64; }

@@ -14,12 +14,14 @@
  * numpy/gufuncs.c, which a test checks against this list; the README's
  * dtype notes; the dtype grids of tests/test_parity_torch.py and
  * benchmarks/accuracy.py). Adding a storage kind: also a case in
- * rms_vf_load and rms_vf_store of every simd/vec_*.h, in rms_kind_size and
- * rms_load_scalar (row_kernels.h), and in the glue's type_num_of and
+ * rms_vf_load and rms_vf_store of every simd/vec_*.h, in rms_kind_size (below)
+ * and rms_load_scalar (row_kernels.h), and in the glue's type_num_of and
  * kind_name.
  */
 #ifndef RMSNORM_KERNELS_TYPES_H
 #define RMSNORM_KERNELS_TYPES_H
+
+#include <stddef.h>
 
 /* Storage kinds. float16 and bfloat16 are stored as their 16-bit patterns. */
 typedef enum {
@@ -42,6 +44,12 @@ typedef enum {
 #define RMS_TYPE_ENUM(name, x, weight) RMS_##name,
 typedef enum { RMS_FOR_EACH_TYPE(RMS_TYPE_ENUM) RMS_NUM_TYPES } rms_type;
 #undef RMS_TYPE_ENUM
+
+/* Bytes of one element. */
+static inline ptrdiff_t rms_kind_size(rms_kind kind)
+{
+    return kind == RMS_KIND_F64 ? 8 : kind == RMS_KIND_F32 ? 4 : 2;
+}
 
 typedef struct {
     rms_kind x, weight, eps;
