@@ -97,17 +97,14 @@ static void forward_task(void *context, int thread_index, int thread_count)
     }
 }
 
-/* Whether any of the rows' weight offsets is other than 0. Where none is,
-   the weight is used as stored, by the kernels without an offset. */
-static int has_weight_offset(const rms_forward_problem *p, ptrdiff_t rows)
+/* Whether any of count weight offsets (float64s, stride bytes apart) is
+   other than 0. Where none is, the weight is used as stored, by the
+   kernels without an offset: forward and backward decide it here. */
+static int has_weight_offset(const char *offsets, ptrdiff_t stride, ptrdiff_t count)
 {
-    if (p->weight_offset == NULL) {
-        return 0;
-    }
-    const ptrdiff_t count = p->weight_offset_stride == 0 ? 1 : rows;
-    for (ptrdiff_t r = 0; r < count; r++) {
+    for (ptrdiff_t r = 0; offsets != NULL && r < (stride == 0 ? 1 : count); r++) {
         double offset;
-        memcpy(&offset, p->weight_offset + r * p->weight_offset_stride, sizeof offset);
+        memcpy(&offset, offsets + r * stride, sizeof offset);
         if (offset != 0.0) {
             return 1;
         }
@@ -158,7 +155,7 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
 {
     rms_forward_problem p = *problem;
     p.stream_output = streams_output(rows, p.n, p.y.stride);
-    if (!has_weight_offset(&p, rows)) {
+    if (!has_weight_offset(p.weight_offset, p.weight_offset_stride, rows)) {
         p.weight_offset = NULL;
     }
     const rms_kind weight_kind = rms_type_table[type].weight;
@@ -254,17 +251,16 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     }
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);
+    if (!has_weight_offset(p.weight_offset, 0, 1)) {
+        p.weight_offset = NULL;
+    }
     if (p.weight_offset != NULL) {
         /* offset + weight, rounded once to double: the backward's own
-           rounding errors are far larger than that one. An offset of 0 is
-           the weight as stored. */
+           rounding errors are far larger than that one. */
         double offset;
         memcpy(&offset, p.weight_offset, sizeof offset);
-        for (ptrdiff_t i = 0; offset != 0.0 && i < p.n; i++) {
+        for (ptrdiff_t i = 0; i < p.n; i++) {
             scratch[i] += offset;
-        }
-        if (offset == 0.0) {
-            p.weight_offset = NULL;
         }
     }
     job.weight = scratch;
