@@ -1,0 +1,570 @@
+"""rmsnorm inside torch models: the kernels as torch custom ops, with autograd.
+
+- ``rms_norm(input, normalized_shape, weight=None, eps=None, *,
+  weight_offset=0.0)``: ``torch.nn.functional.rms_norm``, through the op
+  ``torch.ops.rmsnorm.rms_norm``.
+- ``add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
+  *, weight_offset=0.0)``: a pre-norm block's ``(rms_norm(input + residual),
+  input + residual)`` in one pass, through ``torch.ops.rmsnorm.add_rms_norm``.
+- ``RMSNorm``: ``torch.nn.RMSNorm`` whose forward calls the op; the same
+  constructor, parameters, ``state_dict`` keys and repr.
+- ``replace(model)``: turns every ``torch.nn.RMSNorm`` of a model into an
+  ``RMSNorm`` in place and returns how many it turned.
+
+Three layers, as in torch: the functions validate and dispatch, the ops
+(``torch.library`` custom ops, with fake implementations for
+``torch.compile`` and autograd formulas that call the backward ops) run the
+C kernels on the tensors' memory, and the kernels do the arithmetic.
+
+What goes to the kernels: CPU tensors of float16, bfloat16, float32 and
+float64 with a weight of the input's dtype or of torch's mixed precision (a
+float32 weight with 16-bit input, a float64 weight with float32 input), or
+no weight. Anything else (another device, complex numbers, another pair of
+dtypes) goes to ``torch.nn.functional.rms_norm``, with its result type. The
+kernels read the tensors' memory with their strides: nothing the size of
+the input is copied for a contiguous tensor, and a non-contiguous one is
+copied only where its batch dims cannot be folded into rows
+(``Tensor.reshape``'s rule). bfloat16 needs no ml_dtypes here.
+
+Calls that need neither autograd nor tracing (under ``torch.no_grad()`` or
+``torch.inference_mode()``, or with no input that requires grad, and no
+``torch.compile``, functorch transform or dispatch mode active) skip the
+dispatcher and run the op's CPU implementation directly: the same kernels,
+so the same bytes, for a fraction of the cost at a decoding step's size.
+
+Threads: the kernels run on rmsnorm's own thread pool, sized by
+``rmsnorm.set_num_threads`` (default ``RMSNORM_NUM_THREADS``, else the CPUs
+this process may use), not on torch's intra-op pool
+(``torch.set_num_threads``). The thread that calls the op waits for the
+pool, so the two pools never run at once from one call; to give the whole
+model one thread budget, call ``rmsnorm.set_num_threads(
+torch.get_num_threads())``. Every result is the same bytes for any number
+of threads of either pool: rows are never split, and grad_weight's
+per-chunk sums are added in chunk order.
+
+Not supported: second derivatives (``create_graph=True`` then a second
+backward raises, naming ``torch.nn.functional.rms_norm`` as the way), and
+``torch.jit.script`` of ``RMSNorm`` (it raises: TorchScript cannot compile
+the dispatch in Python, and a scripted module would silently fall back to
+torch's numbers; use ``torch.compile`` or ``torch.export``).
+"""
+
+import functools
+import math
+
+import numpy as np
+
+try:
+    import torch
+except ImportError as _error:
+    raise ImportError(
+        "rmsnorm.torch needs torch: pip install 'rmsnorm[torch]'", name="torch"
+    ) from _error
+
+from . import _core
+from .functional import input_shape_error, weight_shape_error
+
+__all__ = ["RMSNorm", "add_rms_norm", "replace", "rms_norm"]
+
+# (input dtype, weight dtype) -> the kernels' type index, from the C type
+# list (csrc/kernels/types.h) in its order.
+_KERNEL_TYPES = {
+    (getattr(torch, x), getattr(torch, weight)): index
+    for index, (x, weight, _eps) in enumerate(_core.dtype_pairs)
+}
+
+# eps=None is the machine epsilon of the compute type, float64's for float64
+# input and float32's for the rest, as torch's default.
+_FLOAT32_EPS = torch.finfo(torch.float32).eps
+_FLOAT64_EPS = torch.finfo(torch.float64).eps
+
+
+def _kernel_type(input, weight):
+    """The kernels' type index for these tensors, or None where torch serves them."""
+    if weight is None:
+        weight_dtype = input.dtype
+    elif weight.is_cpu and weight.layout is torch.strided:
+        weight_dtype = weight.dtype
+    else:
+        return None
+    if not (input.is_cpu and input.layout is torch.strided):
+        return None
+    return _KERNEL_TYPES.get((input.dtype, weight_dtype))
+
+
+def _check(input, shape: tuple, weight, same_shape=()):
+    """The kernels' type index, after the checks that keep the kernels
+    inside the tensors' memory: torch's shape errors (as RuntimeError,
+    torch's type for them) and the served dtypes. ``same_shape`` holds
+    (name, tensor) pairs that must have the input's shape and dtype."""
+    if not shape:
+        raise RuntimeError(
+            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least "
+            "one element, but got normalized_shape = []"
+        )
+    if input.shape[-len(shape) :] != shape:
+        raise RuntimeError(str(input_shape_error(tuple(input.shape), shape)))
+    if weight is not None and weight.shape != shape:
+        raise RuntimeError(str(weight_shape_error(tuple(weight.shape), shape)))
+    for name, tensor in same_shape:
+        if tensor.shape != input.shape or tensor.dtype != input.dtype:
+            raise RuntimeError(
+                f"{name} must have the input's shape {list(input.shape)} and dtype "
+                f"{input.dtype}, got {list(tensor.shape)} and {tensor.dtype}"
+            )
+    kernel_type = _kernel_type(input, weight)
+    if kernel_type is None:
+        raise RuntimeError(
+            f"rmsnorm's kernels take CPU tensors of {sorted({str(x) for x, _ in _KERNEL_TYPES})} "
+            f"with a weight of a matching dtype; got input {input.dtype} on {input.device} and "
+            f"weight {None if weight is None else (weight.dtype, weight.device)}. "
+            "rmsnorm.torch.rms_norm sends these to torch.nn.functional.rms_norm"
+        )
+    return kernel_type
+
+
+def _eps(eps, dtype) -> float:
+    if eps is None:
+        return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
+    return eps  # the C rounds it to float32 unless the input is float64, as torch does
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(n: int, dtype):
+    # The unweighted norm is the weighted one with ones (multiplying by 1 is
+    # exact): one code path. A row of ones, kept for reuse, weight-sized.
+    return torch.ones(n, dtype=dtype)
+
+
+# Outputs from this size up are allocated by NumPy, which asks the OS for
+# transparent huge pages on large arrays (madvise); torch's CPU allocator
+# does not unless THP_MEM_ALLOC_ENABLE=1. Writing a fresh 32 MiB output in
+# 4 KiB pages takes 8192 page faults, which cost as much as the kernel
+# itself at 2048x4096 float32 (20 ms against 10 ms, measured on 2 CPUs).
+_HUGE_PAGES_MIN_BYTES = 4 << 20
+
+
+def _empty_like(tensor):
+    """A new contiguous tensor of ``tensor``'s shape and dtype, as the fake
+    implementations describe the outputs."""
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes < _HUGE_PAGES_MIN_BYTES:
+        if tensor.is_contiguous():  # the shorter call, when it keeps the layout anyway
+            return torch.empty_like(tensor)
+        return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    memory = torch.from_numpy(np.empty(nbytes, np.uint8))
+    return memory.view(tensor.dtype).view(tensor.shape)
+
+
+def _folded(tensor, rows: int, n: int):
+    """``tensor`` as rows of n: itself when contiguous, else a (rows, n)
+    view, or a copy where its layout does not fold (Tensor.reshape's rule).
+    The caller holds it while the kernels read it."""
+    return tensor if tensor.is_contiguous() else tensor.reshape(rows, n)
+
+
+# The kernels read buffers as an address and byte strides (csrc/numpy/buffers.c).
+def _matrix(folded, n: int):
+    item = folded.element_size()
+    if folded.is_contiguous():
+        return (folded.data_ptr(), n * item, item)
+    return (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
+
+
+def _vector(row):
+    return (row.data_ptr(), row.stride(0) * row.element_size())
+
+
+def _weight_row(weight, dtype, n: int):
+    """The weight as one row of n (ones without a weight); the caller holds it."""
+    if weight is None:
+        return _ones(n, dtype)
+    return weight if weight.dim() == 1 else weight.reshape(n)
+
+
+def _forward(input, shape: tuple, weight, eps, weight_offset, residual=None):
+    """The ops' CPU implementation: y, or (y, residual_out) with a residual.
+
+    The outputs are new contiguous tensors; the operands are read where they
+    are, folded into rows of n where their layout allows it.
+    """
+    same_shape = () if residual is None else (("residual", residual),)
+    kernel_type = _check(input, shape, weight, same_shape)
+    n = math.prod(shape)
+    rows = input.numel() // n if n else 0
+    y = _empty_like(input)
+    residual_out = None if residual is None else _empty_like(input)
+    if rows:
+        x = _folded(input, rows, n)
+        weight_row = _weight_row(weight, input.dtype, n)
+        residual_rows = None if residual is None else _folded(residual, rows, n)
+        _core._forward_buffers(
+            kernel_type,
+            rows,
+            n,
+            _eps(eps, input.dtype),
+            weight_offset,
+            _matrix(x, n),
+            _vector(weight_row),
+            _matrix(y, n),
+            None if residual is None else _matrix(residual_rows, n),
+            None if residual is None else _matrix(residual_out, n),
+        )
+    return y if residual is None else (y, residual_out)
+
+
+def _backward(
+    grad_output, input, shape: tuple, weight, eps, weight_offset, grad_residual_out=None
+):
+    """The backward ops' CPU implementation: (grad_input, grad_weight).
+
+    grad_weight has the weight's dtype and shape (the input's dtype without
+    a weight, where it is not needed: the kernels form it anyway). With
+    grad_residual_out, input is residual_out and grad_input also takes
+    grad_residual_out, the gradient of both terms of the sum.
+    """
+    same_shape = (("grad_output", grad_output),)
+    if grad_residual_out is not None:
+        same_shape += (("grad_residual_out", grad_residual_out),)
+    kernel_type = _check(input, shape, weight, same_shape)
+    n = math.prod(shape)
+    rows = input.numel() // n if n else 0
+    grad_input = _empty_like(input)
+    grad_weight = torch.empty(shape, dtype=input.dtype if weight is None else weight.dtype)
+    if not rows:
+        if grad_residual_out is not None:
+            grad_input.copy_(grad_residual_out)
+        return grad_input, grad_weight.zero_()
+    grad_rows, x = _folded(grad_output, rows, n), _folded(input, rows, n)
+    weight_row = _weight_row(weight, input.dtype, n)
+    grad_residual_rows = None if grad_residual_out is None else _folded(grad_residual_out, rows, n)
+    _core._backward_buffers(
+        kernel_type,
+        rows,
+        n,
+        _eps(eps, input.dtype),
+        weight_offset,
+        _matrix(grad_rows, n),
+        _matrix(x, n),
+        _vector(weight_row),
+        _matrix(grad_input, n),
+        _vector(grad_weight.view(n)),
+        None if grad_residual_out is None else _matrix(grad_residual_rows, n),
+    )
+    return grad_input, grad_weight
+
+
+# The ops. Their schemas are written out, next to their implementations.
+@torch.library.custom_op(
+    "rmsnorm::rms_norm",
+    mutates_args=(),
+    schema="(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps, "
+    "float weight_offset) -> Tensor",
+)
+def _rms_norm_op(input, normalized_shape, weight, eps, weight_offset):
+    return _forward(input, tuple(normalized_shape), weight, eps, weight_offset)
+
+
+@torch.library.custom_op(
+    "rmsnorm::rms_norm_backward",
+    mutates_args=(),
+    schema="(Tensor grad_output, Tensor input, SymInt[] normalized_shape, Tensor? weight, "
+    "float? eps, float weight_offset) -> (Tensor, Tensor)",
+)
+def _rms_norm_backward_op(grad_output, input, normalized_shape, weight, eps, weight_offset):
+    return _backward(grad_output, input, tuple(normalized_shape), weight, eps, weight_offset)
+
+
+@torch.library.custom_op(
+    "rmsnorm::add_rms_norm",
+    mutates_args=(),
+    schema="(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight, "
+    "float? eps, float weight_offset) -> (Tensor, Tensor)",
+)
+def _add_rms_norm_op(input, residual, normalized_shape, weight, eps, weight_offset):
+    return _forward(input, tuple(normalized_shape), weight, eps, weight_offset, residual)
+
+
+@torch.library.custom_op(
+    "rmsnorm::add_rms_norm_backward",
+    mutates_args=(),
+    schema="(Tensor grad_output, Tensor grad_residual_out, Tensor residual_out, "
+    "SymInt[] normalized_shape, Tensor? weight, float? eps, float weight_offset) "
+    "-> (Tensor, Tensor)",
+)
+def _add_rms_norm_backward_op(
+    grad_output, grad_residual_out, residual_out, normalized_shape, weight, eps, weight_offset
+):
+    shape = tuple(normalized_shape)
+    return _backward(
+        grad_output, residual_out, shape, weight, eps, weight_offset, grad_residual_out
+    )
+
+
+# Fake implementations: the outputs' shapes, dtypes and (contiguous) layout,
+# after the same checks, for torch.compile and torch.export.
+@_rms_norm_op.register_fake
+def _(input, normalized_shape, weight, eps, weight_offset):
+    _check(input, tuple(normalized_shape), weight)
+    return input.new_empty(input.shape)
+
+
+@_add_rms_norm_op.register_fake
+def _(input, residual, normalized_shape, weight, eps, weight_offset):
+    _check(input, tuple(normalized_shape), weight, (("residual", residual),))
+    return input.new_empty(input.shape), input.new_empty(input.shape)
+
+
+def _fake_gradients(input, shape, weight):
+    weight_dtype = input.dtype if weight is None else weight.dtype
+    return input.new_empty(input.shape), input.new_empty(shape, dtype=weight_dtype)
+
+
+@_rms_norm_backward_op.register_fake
+def _(grad_output, input, normalized_shape, weight, eps, weight_offset):
+    shape = tuple(normalized_shape)
+    _check(input, shape, weight, (("grad_output", grad_output),))
+    return _fake_gradients(input, shape, weight)
+
+
+@_add_rms_norm_backward_op.register_fake
+def _(grad_output, grad_residual_out, residual_out, normalized_shape, weight, eps, weight_offset):
+    shape = tuple(normalized_shape)
+    same_shape = (("grad_output", grad_output), ("grad_residual_out", grad_residual_out))
+    _check(residual_out, shape, weight, same_shape)
+    return _fake_gradients(residual_out, shape, weight)
+
+
+def _traced(*tensors) -> bool:
+    """Whether something other than eager autograd must see the call: a
+    compiler or tracer, a dispatch or torch-function mode, a functorch
+    transform or a tensor subclass (FakeTensor among them). Such calls go
+    through the ops; the rest may call the implementations directly."""
+    if _is_compiling():  # first: torch.compile reads it as True, and traces nothing after
+        return True
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or _is_functorch_wrapped(t)):
+            return True
+    return _dispatch_modes() > 0 or _torch_function_mode_enabled() or _tracing_state() is not None
+
+
+# Looked up once: _traced runs on every call, where each attribute lookup counts.
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_tracing_state = torch._C._get_tracing_state  # torch.jit.trace's
+
+
+def _records_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# Autograd: the forward saves its input (for add_rms_norm, the sum it
+# normalised) and the weight; the backward computes both gradients in one
+# pass over the rows. The same formulas serve the ops (under torch.compile
+# and other tracers) and, in eager mode, autograd.Functions that call the
+# implementations directly: a Python custom op's dispatch costs more than
+# the whole of eager torch's composite at a decoding step's size.
+def _setup_rms_norm(ctx, inputs, output):
+    input, normalized_shape, weight, eps, weight_offset = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.shape, ctx.eps, ctx.weight_offset = tuple(normalized_shape), eps, weight_offset
+
+
+def _rms_norm_grads(ctx, grad_output):
+    input, weight = ctx.saved_tensors
+    arguments = (grad_output, input, ctx.shape, weight, ctx.eps, ctx.weight_offset)
+    # Through the op where autograd records this backward (create_graph=True)
+    # or a tracer sees it: there the second backward meets its refusal.
+    if _traced(grad_output, input, weight) or torch.is_grad_enabled():
+        grad_input, grad_weight = _rms_norm_backward_op(*arguments)
+    else:
+        grad_input, grad_weight = _backward(*arguments)
+    return grad_input, None, None if weight is None else grad_weight, None, None
+
+
+def _setup_add_rms_norm(ctx, inputs, output):
+    _input, _residual, normalized_shape, weight, eps, weight_offset = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.shape, ctx.eps, ctx.weight_offset = tuple(normalized_shape), eps, weight_offset
+
+
+def _add_rms_norm_grads(ctx, grad_output, grad_residual_out):
+    residual_out, weight = ctx.saved_tensors
+    if _traced(grad_output, grad_residual_out, residual_out, weight) or torch.is_grad_enabled():
+        grad_input, grad_weight = _add_rms_norm_backward_op(
+            grad_output,
+            grad_residual_out,
+            residual_out,
+            ctx.shape,
+            weight,
+            ctx.eps,
+            ctx.weight_offset,
+        )
+    else:
+        grad_input, grad_weight = _backward(
+            grad_output,
+            residual_out,
+            ctx.shape,
+            weight,
+            ctx.eps,
+            ctx.weight_offset,
+            grad_residual_out,
+        )
+    # x and residual enter the sum alike: one gradient for both.
+    return grad_input, grad_input, None, None if weight is None else grad_weight, None, None
+
+
+_SECOND_ORDER = (
+    "rmsnorm.torch computes first derivatives only: its backward ops have no backward. "
+    "For second derivatives (create_graph=True, gradgradcheck, Hessians) use "
+    "torch.nn.functional.rms_norm"
+)
+
+
+def _no_second_order(ctx, *grads):
+    raise RuntimeError(_SECOND_ORDER)
+
+
+torch.library.register_autograd(_rms_norm_op, _rms_norm_grads, setup_context=_setup_rms_norm)
+torch.library.register_autograd(
+    _add_rms_norm_op, _add_rms_norm_grads, setup_context=_setup_add_rms_norm
+)
+for _backward_op in (_rms_norm_backward_op, _add_rms_norm_backward_op):
+    torch.library.register_autograd(_backward_op, _no_second_order)
+
+
+# forward(ctx, ...), not a separate setup_context: torch binds the default
+# arguments of a Function that has setup_context through inspect.signature on
+# every call, which cost more than the kernels at 1x4096.
+class _EagerRMSNorm(torch.autograd.Function):
+    """rmsnorm::rms_norm's autograd in eager mode, without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, input, shape, weight, eps, weight_offset):
+        output = _forward(input, shape, weight, eps, weight_offset)
+        _setup_rms_norm(ctx, (input, shape, weight, eps, weight_offset), output)
+        return output
+
+    backward = staticmethod(_rms_norm_grads)
+
+
+class _EagerAddRMSNorm(torch.autograd.Function):
+    """rmsnorm::add_rms_norm's autograd in eager mode, without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, input, residual, shape, weight, eps, weight_offset):
+        outputs = _forward(input, shape, weight, eps, weight_offset, residual)
+        _setup_add_rms_norm(ctx, (input, residual, shape, weight, eps, weight_offset), outputs)
+        return outputs
+
+    backward = staticmethod(_add_rms_norm_grads)
+
+
+def _shape_tuple(normalized_shape) -> tuple:
+    if isinstance(normalized_shape, int):
+        return (normalized_shape,)
+    return tuple(normalized_shape)
+
+
+def _offset_weight(weight, weight_offset):
+    """The factor for torch's functional, which has no weight offset."""
+    if weight_offset == 0:
+        return weight
+    if weight is None:
+        raise ValueError(
+            f"weight_offset={weight_offset} needs a weight: the factor is weight_offset + "
+            "weight, and there is no weight"
+        )
+    return weight + weight_offset
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
+    """``torch.nn.functional.rms_norm`` on rmsnorm's kernels, with autograd.
+
+    ``weight_offset`` (0 in torch) is Gemma's 1 in ``(1 + weight)``: the
+    factor ``weight_offset + weight`` is formed exactly on the kernels'
+    path (torch's fallback rounds it first). Tensors the kernels do not
+    serve go to ``torch.nn.functional.rms_norm``.
+
+    >>> import torch, rmsnorm.torch
+    >>> rmsnorm.torch.rms_norm(torch.tensor([[3.0, 4.0]]), [2], eps=0.0)
+    tensor([[0.8485, 1.1314]])
+    """
+    shape = _shape_tuple(normalized_shape)
+    weight_offset = float(weight_offset)
+    factor = _offset_weight(weight, weight_offset)  # checks the offset has a weight
+    if _kernel_type(input, weight) is None:
+        return torch.nn.functional.rms_norm(input, shape, factor, eps)
+    if _traced(input, weight):
+        return _rms_norm_op(input, shape, weight, eps, weight_offset)
+    if _records_grad(input, weight):
+        return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
+    return _forward(input, shape, weight, eps, weight_offset)
+
+
+def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
+    """A pre-norm block's residual add and RMSNorm, fused: ``(output, residual_out)``.
+
+    ``residual_out = input + residual``, rounded to the input's dtype, and
+    ``output = rms_norm(residual_out, ...)``: the same bytes as the two
+    steps, in one pass. ``residual`` must have the input's shape and dtype.
+    Autograd gives ``input`` and ``residual`` the same gradient.
+
+    >>> import torch, rmsnorm.torch
+    >>> x, residual = torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0, 1.0]])
+    >>> rmsnorm.torch.add_rms_norm(x, residual, [2], eps=0.0)
+    (tensor([[0.8485, 1.1314]]), tensor([[3., 4.]]))
+    """
+    shape = _shape_tuple(normalized_shape)
+    weight_offset = float(weight_offset)
+    factor = _offset_weight(weight, weight_offset)  # checks the offset has a weight
+    if _kernel_type(input, weight) is None or _kernel_type(residual, weight) is None:
+        residual_out = input + residual
+        return torch.nn.functional.rms_norm(residual_out, shape, factor, eps), residual_out
+    if _traced(input, residual, weight):
+        return _add_rms_norm_op(input, residual, shape, weight, eps, weight_offset)
+    if _records_grad(input, residual, weight):
+        return _EagerAddRMSNorm.apply(input, residual, shape, weight, eps, weight_offset)
+    return _forward(input, shape, weight, eps, weight_offset, residual)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` computed by rmsnorm's kernels.
+
+    The same constructor, ``weight`` parameter, ``state_dict`` keys and
+    repr, so checkpoints load either way; ``forward(x)`` calls
+    :func:`rms_norm`. ``forward(x, residual)`` is a pre-norm block's step:
+    ``(RMSNorm(x + residual), x + residual)``, fused (:func:`add_rms_norm`).
+    """
+
+    def forward(self, x, residual=None):
+        if residual is None:
+            return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.normalized_shape, self.weight, self.eps)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every module before compiling it.
+        raise RuntimeError(
+            "rmsnorm.torch.RMSNorm does not support torch.jit.script: its forward dispatches "
+            "in Python, which TorchScript cannot compile. Use torch.compile or torch.export, "
+            "or script a model with torch.nn.RMSNorm"
+        )
+
+
+def replace(model) -> int:
+    """Turns every ``torch.nn.RMSNorm`` in ``model`` (itself included) into
+    :class:`RMSNorm`, in place, and returns how many it turned.
+
+    Each module keeps its identity, parameters (the same Parameter
+    objects), buffers and hooks: only its class changes, as RMSNorm adds
+    no state. Subclasses of ``torch.nn.RMSNorm`` other than this one are
+    left alone, as their forward may differ.
+    """
+    replaced = 0
+    for module in model.modules():
+        if type(module) is torch.nn.RMSNorm:
+            module.__class__ = RMSNorm
+            replaced += 1
+    return replaced
