@@ -103,7 +103,10 @@ def _check(input, shape: tuple, weight, same_shape=()):
             "one element, but got normalized_shape = []"
         )
     if input.shape[-len(shape) :] != shape:
-        raise RuntimeError(str(input_shape_error(tuple(input.shape), shape)))
+        error = input_shape_error(tuple(input.shape), shape)
+        if input.dim() < len(shape):
+            raise error  # a ValueError in torch too
+        raise RuntimeError(str(error))
     if weight is not None and weight.shape != shape:
         raise RuntimeError(str(weight_shape_error(tuple(weight.shape), shape)))
     for name, tensor in same_shape:
