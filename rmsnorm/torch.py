@@ -92,11 +92,25 @@ def _kernel_type(input, weight):
     return _KERNEL_TYPES.get((input.dtype, weight_dtype))
 
 
-def _check(input, shape: tuple, weight, same_shape=()):
-    """The kernels' type index, after the checks that keep the kernels
-    inside the tensors' memory: torch's shape errors (as RuntimeError,
-    torch's type for them) and the served dtypes. ``same_shape`` holds
-    (name, tensor) pairs that must have the input's shape and dtype."""
+def _served_type(input, weight):
+    """The kernels' type index for these tensors, or the error that says
+    which tensors they take."""
+    kernel_type = _kernel_type(input, weight)
+    if kernel_type is None:
+        raise RuntimeError(
+            f"rmsnorm's kernels take CPU tensors of {sorted({str(x) for x, _ in _KERNEL_TYPES})} "
+            f"with a weight of a matching dtype; got input {input.dtype} on {input.device} and "
+            f"weight {None if weight is None else (weight.dtype, weight.device)}. "
+            "rmsnorm.torch.rms_norm sends these to torch.nn.functional.rms_norm"
+        )
+    return kernel_type
+
+
+def _check_shapes(input, shape: tuple, weight, same_shape=()) -> None:
+    """The checks that keep the kernels inside the tensors' memory, with
+    torch's errors (RuntimeError, or ValueError where torch raises it).
+    ``same_shape`` holds (name, tensor) pairs that must have the input's
+    shape and dtype."""
     if not shape:
         raise RuntimeError(
             "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least "
@@ -115,15 +129,6 @@ def _check(input, shape: tuple, weight, same_shape=()):
                 f"{name} must have the input's shape {list(input.shape)} and dtype "
                 f"{input.dtype}, got {list(tensor.shape)} and {tensor.dtype}"
             )
-    kernel_type = _kernel_type(input, weight)
-    if kernel_type is None:
-        raise RuntimeError(
-            f"rmsnorm's kernels take CPU tensors of {sorted({str(x) for x, _ in _KERNEL_TYPES})} "
-            f"with a weight of a matching dtype; got input {input.dtype} on {input.device} and "
-            f"weight {None if weight is None else (weight.dtype, weight.device)}. "
-            "rmsnorm.torch.rms_norm sends these to torch.nn.functional.rms_norm"
-        )
-    return kernel_type
 
 
 def _eps(eps, dtype) -> float:
@@ -150,7 +155,7 @@ _HUGE_PAGES_MIN_BYTES = 4 << 20
 def _empty_like(tensor):
     """A new contiguous tensor of ``tensor``'s shape and dtype, as the fake
     implementations describe the outputs."""
-    nbytes = tensor.numel() * tensor.element_size()
+    nbytes = tensor.nbytes
     if nbytes < _HUGE_PAGES_MIN_BYTES:
         if tensor.is_contiguous():  # the shorter call, when it keeps the layout anyway
             return torch.empty_like(tensor)
@@ -166,15 +171,18 @@ def _folded(tensor, rows: int, n: int):
     return tensor if tensor.is_contiguous() else tensor.reshape(rows, n)
 
 
-# The kernels read buffers as an address and byte strides (csrc/numpy/buffers.c).
-def _matrix(folded, n: int):
-    item = folded.element_size()
+# The kernels read buffers as an address and byte strides, or an address
+# alone for contiguous memory (csrc/numpy/buffers.c).
+def _matrix(folded):
     if folded.is_contiguous():
-        return (folded.data_ptr(), n * item, item)
+        return folded.data_ptr()
+    item = folded.element_size()
     return (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
 
 
 def _vector(row):
+    if row.stride(0) == 1:
+        return row.data_ptr()
     return (row.data_ptr(), row.stride(0) * row.element_size())
 
 
@@ -185,14 +193,14 @@ def _weight_row(weight, dtype, n: int):
     return weight if weight.dim() == 1 else weight.reshape(n)
 
 
-def _forward(input, shape: tuple, weight, eps, weight_offset, residual=None):
-    """The ops' CPU implementation: y, or (y, residual_out) with a residual.
+def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None):
+    """The ops' CPU implementation: y, or (y, residual_out) with a residual,
+    for tensors of the kernels' type ``kernel_type`` (from _served_type).
 
     The outputs are new contiguous tensors; the operands are read where they
     are, folded into rows of n where their layout allows it.
     """
-    same_shape = () if residual is None else (("residual", residual),)
-    kernel_type = _check(input, shape, weight, same_shape)
+    _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
     n = math.prod(shape)
     rows = input.numel() // n if n else 0
     y = _empty_like(input)
@@ -207,17 +215,24 @@ def _forward(input, shape: tuple, weight, eps, weight_offset, residual=None):
             n,
             _eps(eps, input.dtype),
             weight_offset,
-            _matrix(x, n),
+            _matrix(x),
             _vector(weight_row),
-            _matrix(y, n),
-            None if residual is None else _matrix(residual_rows, n),
-            None if residual is None else _matrix(residual_out, n),
+            _matrix(y),
+            None if residual is None else _matrix(residual_rows),
+            None if residual is None else _matrix(residual_out),
         )
     return y if residual is None else (y, residual_out)
 
 
 def _backward(
-    grad_output, input, shape: tuple, weight, eps, weight_offset, grad_residual_out=None
+    kernel_type,
+    grad_output,
+    input,
+    shape: tuple,
+    weight,
+    eps,
+    weight_offset,
+    grad_residual_out=None,
 ):
     """The backward ops' CPU implementation: (grad_input, grad_weight).
 
@@ -229,7 +244,7 @@ def _backward(
     same_shape = (("grad_output", grad_output),)
     if grad_residual_out is not None:
         same_shape += (("grad_residual_out", grad_residual_out),)
-    kernel_type = _check(input, shape, weight, same_shape)
+    _check_shapes(input, shape, weight, same_shape)
     n = math.prod(shape)
     rows = input.numel() // n if n else 0
     grad_input = _empty_like(input)
@@ -247,12 +262,12 @@ def _backward(
         n,
         _eps(eps, input.dtype),
         weight_offset,
-        _matrix(grad_rows, n),
-        _matrix(x, n),
+        _matrix(grad_rows),
+        _matrix(x),
         _vector(weight_row),
-        _matrix(grad_input, n),
+        _matrix(grad_input),
         _vector(grad_weight.view(n)),
-        None if grad_residual_out is None else _matrix(grad_residual_rows, n),
+        None if grad_residual_out is None else _matrix(grad_residual_rows),
     )
     return grad_input, grad_weight
 
@@ -265,7 +280,8 @@ def _backward(
     "float weight_offset) -> Tensor",
 )
 def _rms_norm_op(input, normalized_shape, weight, eps, weight_offset):
-    return _forward(input, tuple(normalized_shape), weight, eps, weight_offset)
+    kernel_type = _served_type(input, weight)
+    return _forward(kernel_type, input, tuple(normalized_shape), weight, eps, weight_offset)
 
 
 @torch.library.custom_op(
@@ -275,7 +291,9 @@ def _rms_norm_op(input, normalized_shape, weight, eps, weight_offset):
     "float? eps, float weight_offset) -> (Tensor, Tensor)",
 )
 def _rms_norm_backward_op(grad_output, input, normalized_shape, weight, eps, weight_offset):
-    return _backward(grad_output, input, tuple(normalized_shape), weight, eps, weight_offset)
+    shape = tuple(normalized_shape)
+    kernel_type = _served_type(input, weight)
+    return _backward(kernel_type, grad_output, input, shape, weight, eps, weight_offset)
 
 
 @torch.library.custom_op(
@@ -285,7 +303,9 @@ def _rms_norm_backward_op(grad_output, input, normalized_shape, weight, eps, wei
     "float? eps, float weight_offset) -> (Tensor, Tensor)",
 )
 def _add_rms_norm_op(input, residual, normalized_shape, weight, eps, weight_offset):
-    return _forward(input, tuple(normalized_shape), weight, eps, weight_offset, residual)
+    shape = tuple(normalized_shape)
+    kernel_type = _served_type(input, weight)
+    return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
 
 
 @torch.library.custom_op(
@@ -299,8 +319,16 @@ def _add_rms_norm_backward_op(
     grad_output, grad_residual_out, residual_out, normalized_shape, weight, eps, weight_offset
 ):
     shape = tuple(normalized_shape)
+    kernel_type = _served_type(residual_out, weight)
     return _backward(
-        grad_output, residual_out, shape, weight, eps, weight_offset, grad_residual_out
+        kernel_type,
+        grad_output,
+        residual_out,
+        shape,
+        weight,
+        eps,
+        weight_offset,
+        grad_residual_out,
     )
 
 
@@ -308,13 +336,15 @@ def _add_rms_norm_backward_op(
 # after the same checks, for torch.compile and torch.export.
 @_rms_norm_op.register_fake
 def _(input, normalized_shape, weight, eps, weight_offset):
-    _check(input, tuple(normalized_shape), weight)
+    _check_shapes(input, tuple(normalized_shape), weight)
+    _served_type(input, weight)
     return input.new_empty(input.shape)
 
 
 @_add_rms_norm_op.register_fake
 def _(input, residual, normalized_shape, weight, eps, weight_offset):
-    _check(input, tuple(normalized_shape), weight, (("residual", residual),))
+    _check_shapes(input, tuple(normalized_shape), weight, (("residual", residual),))
+    _served_type(input, weight)
     return input.new_empty(input.shape), input.new_empty(input.shape)
 
 
@@ -326,7 +356,8 @@ def _fake_gradients(input, shape, weight):
 @_rms_norm_backward_op.register_fake
 def _(grad_output, input, normalized_shape, weight, eps, weight_offset):
     shape = tuple(normalized_shape)
-    _check(input, shape, weight, (("grad_output", grad_output),))
+    _check_shapes(input, shape, weight, (("grad_output", grad_output),))
+    _served_type(input, weight)
     return _fake_gradients(input, shape, weight)
 
 
@@ -334,25 +365,31 @@ def _(grad_output, input, normalized_shape, weight, eps, weight_offset):
 def _(grad_output, grad_residual_out, residual_out, normalized_shape, weight, eps, weight_offset):
     shape = tuple(normalized_shape)
     same_shape = (("grad_output", grad_output), ("grad_residual_out", grad_residual_out))
-    _check(residual_out, shape, weight, same_shape)
+    _check_shapes(residual_out, shape, weight, same_shape)
+    _served_type(residual_out, weight)
     return _fake_gradients(residual_out, shape, weight)
 
 
 def _traced(*tensors) -> bool:
     """Whether something other than eager autograd must see the call: a
     compiler or tracer, a dispatch or torch-function mode, a functorch
-    transform or a tensor subclass (FakeTensor among them). Such calls go
+    transform (vmap, grad) or a tensor subclass (FakeTensor among them). Such calls go
     through the ops; the rest may call the implementations directly."""
     if _is_compiling():  # first: torch.compile reads it as True, and traces nothing after
         return True
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or _is_functorch_wrapped(t)):
+        if t is not None and type(t) is not torch.Tensor:
             return True
-    return _dispatch_modes() > 0 or _torch_function_mode_enabled() or _tracing_state() is not None
+    return (
+        _functorch_transforms_active()
+        or _dispatch_modes() > 0
+        or _torch_function_mode_enabled()
+        or _tracing_state() is not None
+    )
 
 
 # Looked up once: _traced runs on every call, where each attribute lookup counts.
-_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_functorch_transforms_active = torch._C._are_functorch_transforms_active  # vmap, grad
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
@@ -383,7 +420,7 @@ def _rms_norm_grads(ctx, grad_output):
     if _traced(grad_output, input, weight) or torch.is_grad_enabled():
         grad_input, grad_weight = _rms_norm_backward_op(*arguments)
     else:
-        grad_input, grad_weight = _backward(*arguments)
+        grad_input, grad_weight = _backward(_served_type(input, weight), *arguments)
     return grad_input, None, None if weight is None else grad_weight, None, None
 
 
@@ -407,6 +444,7 @@ def _add_rms_norm_grads(ctx, grad_output, grad_residual_out):
         )
     else:
         grad_input, grad_weight = _backward(
+            _served_type(residual_out, weight),
             grad_output,
             residual_out,
             ctx.shape,
@@ -446,7 +484,7 @@ class _EagerRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, shape, weight, eps, weight_offset):
-        output = _forward(input, shape, weight, eps, weight_offset)
+        output = _forward(_served_type(input, weight), input, shape, weight, eps, weight_offset)
         _setup_rms_norm(ctx, (input, shape, weight, eps, weight_offset), output)
         return output
 
@@ -458,29 +496,24 @@ class _EagerAddRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, residual, shape, weight, eps, weight_offset):
-        outputs = _forward(input, shape, weight, eps, weight_offset, residual)
+        kernel_type = _served_type(input, weight)
+        outputs = _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
         _setup_add_rms_norm(ctx, (input, residual, shape, weight, eps, weight_offset), outputs)
         return outputs
 
     backward = staticmethod(_add_rms_norm_grads)
 
 
-def _shape_tuple(normalized_shape) -> tuple:
-    if isinstance(normalized_shape, int):
-        return (normalized_shape,)
-    return tuple(normalized_shape)
+def _offset_without_weight(weight_offset) -> ValueError:
+    return ValueError(
+        f"weight_offset={weight_offset} needs a weight: the factor is weight_offset + "
+        "weight, and there is no weight"
+    )
 
 
-def _offset_weight(weight, weight_offset):
-    """The factor for torch's functional, which has no weight offset."""
-    if weight_offset == 0:
-        return weight
-    if weight is None:
-        raise ValueError(
-            f"weight_offset={weight_offset} needs a weight: the factor is weight_offset + "
-            "weight, and there is no weight"
-        )
-    return weight + weight_offset
+def _factor(weight, weight_offset):
+    """weight_offset + weight for torch's functional, which has no offset (rounded there)."""
+    return weight if weight_offset == 0 else weight + weight_offset
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
@@ -495,16 +528,18 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.
     >>> rmsnorm.torch.rms_norm(torch.tensor([[3.0, 4.0]]), [2], eps=0.0)
     tensor([[0.8485, 1.1314]])
     """
-    shape = _shape_tuple(normalized_shape)
+    shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
     weight_offset = float(weight_offset)
-    factor = _offset_weight(weight, weight_offset)  # checks the offset has a weight
-    if _kernel_type(input, weight) is None:
-        return torch.nn.functional.rms_norm(input, shape, factor, eps)
+    if weight_offset and weight is None:
+        raise _offset_without_weight(weight_offset)
+    kernel_type = _kernel_type(input, weight)
+    if kernel_type is None:
+        return torch.nn.functional.rms_norm(input, shape, _factor(weight, weight_offset), eps)
     if _traced(input, weight):
         return _rms_norm_op(input, shape, weight, eps, weight_offset)
     if _records_grad(input, weight):
         return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
-    return _forward(input, shape, weight, eps, weight_offset)
+    return _forward(kernel_type, input, shape, weight, eps, weight_offset)
 
 
 def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
@@ -520,17 +555,20 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, we
     >>> rmsnorm.torch.add_rms_norm(x, residual, [2], eps=0.0)
     (tensor([[0.8485, 1.1314]]), tensor([[3., 4.]]))
     """
-    shape = _shape_tuple(normalized_shape)
+    shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
     weight_offset = float(weight_offset)
-    factor = _offset_weight(weight, weight_offset)  # checks the offset has a weight
-    if _kernel_type(input, weight) is None or _kernel_type(residual, weight) is None:
+    if weight_offset and weight is None:
+        raise _offset_without_weight(weight_offset)
+    kernel_type = _kernel_type(input, weight)
+    if kernel_type is None or _kernel_type(residual, weight) is None:
         residual_out = input + residual
+        factor = _factor(weight, weight_offset)
         return torch.nn.functional.rms_norm(residual_out, shape, factor, eps), residual_out
     if _traced(input, residual, weight):
         return _add_rms_norm_op(input, residual, shape, weight, eps, weight_offset)
     if _records_grad(input, residual, weight):
         return _EagerAddRMSNorm.apply(input, residual, shape, weight, eps, weight_offset)
-    return _forward(input, shape, weight, eps, weight_offset, residual)
+    return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
 
 
 class RMSNorm(torch.nn.RMSNorm):

@@ -8,10 +8,16 @@
  *   eps            a float, rounded to the type's eps kind here, as torch
  *                  rounds it to its compute type
  *   weight_offset  a float; 0 runs the kernels without an offset
- *   a matrix       (address, row stride, element stride), strides in bytes
- *   a vector       (address, element stride): the weight and grad_weight,
- *                  shared by every row
+ *   a matrix       (address, row stride, element stride), strides in bytes,
+ *                  or the address alone for contiguous rows
+ *   a vector       (address, element stride), or the address alone for a
+ *                  contiguous one: the weight and grad_weight, shared by
+ *                  every row
  *   None           for an optional matrix that is absent
+ *
+ * A bare address is the common case, and the cheapest to pass: a decoding
+ * step's whole call costs a few microseconds, of which building tuples of
+ * strides in Python was a tenth.
  */
 #include "buffers.h"
 
@@ -20,38 +26,67 @@
 
 #include "../kernels/rms_norm.h"
 
-static int matrix_converter(PyObject *obj, void *out)
+/* Bytes per element of a storage kind. */
+static Py_ssize_t kind_size(rms_kind kind)
 {
-    unsigned long long address;
-    Py_ssize_t row_stride, stride;
-    if (!PyArg_ParseTuple(obj, "Knn;a matrix is (address, row stride, stride)", &address,
-                          &row_stride, &stride)) {
-        return 0;
+    switch (kind) {
+    case RMS_KIND_F64:
+        return 8;
+    case RMS_KIND_F32:
+        return 4;
+    default: /* float16, bfloat16 */
+        return 2;
     }
-    *(rms_matrix *)out = (rms_matrix){(char *)(uintptr_t)address, row_stride, stride};
-    return 1;
 }
 
-/* A matrix, or None for an absent one (data NULL, as the kernels read it). */
-static int optional_matrix_converter(PyObject *obj, void *out)
+static int parse_address(PyObject *obj, char **address)
 {
-    if (obj == Py_None) {
-        *(rms_matrix *)out = (rms_matrix){NULL, 0, 0};
-        return 1;
+    void *pointer = PyLong_AsVoidPtr(obj);
+    if (pointer == NULL && PyErr_Occurred()) {
+        return -1;
     }
-    return matrix_converter(obj, out);
+    *address = pointer;
+    return 0;
+}
+
+/* A matrix of rows of n elements of item bytes. None gives data NULL (an
+   absent operand, as the kernels read it) where optional. */
+static int parse_matrix(PyObject *obj, Py_ssize_t n, Py_ssize_t item, int optional,
+                        rms_matrix *matrix)
+{
+    if (optional && obj == Py_None) {
+        *matrix = (rms_matrix){NULL, 0, 0};
+        return 0;
+    }
+    if (PyLong_Check(obj)) {
+        *matrix = (rms_matrix){NULL, n * item, item};
+        return parse_address(obj, &matrix->data);
+    }
+    unsigned long long address;
+    Py_ssize_t row_stride, stride;
+    if (!PyArg_ParseTuple(obj, "Knn;a matrix is an address or (address, row stride, stride)",
+                          &address, &row_stride, &stride)) {
+        return -1;
+    }
+    *matrix = (rms_matrix){(char *)(uintptr_t)address, row_stride, stride};
+    return 0;
 }
 
 /* A vector, as a matrix whose rows all start at the same place. */
-static int vector_converter(PyObject *obj, void *out)
+static int parse_vector(PyObject *obj, Py_ssize_t item, rms_matrix *vector)
 {
+    if (PyLong_Check(obj)) {
+        *vector = (rms_matrix){NULL, 0, item};
+        return parse_address(obj, &vector->data);
+    }
     unsigned long long address;
     Py_ssize_t stride;
-    if (!PyArg_ParseTuple(obj, "Kn;a vector is (address, stride)", &address, &stride)) {
-        return 0;
+    if (!PyArg_ParseTuple(obj, "Kn;a vector is an address or (address, stride)", &address,
+                          &stride)) {
+        return -1;
     }
-    *(rms_matrix *)out = (rms_matrix){(char *)(uintptr_t)address, 0, stride};
-    return 1;
+    *vector = (rms_matrix){(char *)(uintptr_t)address, 0, stride};
+    return 0;
 }
 
 /* eps as the kernels read it: float64 for float64 input, float32 for the rest. */
@@ -89,15 +124,23 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *args)
     int type;
     Py_ssize_t rows, n;
     double eps, weight_offset;
-    rms_matrix x, weight, y, residual, residual_out;
-    if (!PyArg_ParseTuple(args, "innddO&O&O&O&O&:_forward_buffers", &type, &rows, &n, &eps,
-                          &weight_offset, matrix_converter, &x, vector_converter, &weight,
-                          matrix_converter, &y, optional_matrix_converter, &residual,
-                          optional_matrix_converter, &residual_out)) {
+    PyObject *x_obj, *weight_obj, *y_obj, *residual_obj, *residual_out_obj;
+    if (!PyArg_ParseTuple(args, "innddOOOOO:_forward_buffers", &type, &rows, &n, &eps,
+                          &weight_offset, &x_obj, &weight_obj, &y_obj, &residual_obj,
+                          &residual_out_obj)) {
         return NULL;
     }
     eps_value eps_as_kind;
     if (check_problem(type, rows, n, eps, &eps_as_kind) < 0) {
+        return NULL;
+    }
+    const Py_ssize_t item = kind_size(rms_type_table[type].x);
+    rms_matrix x, weight, y, residual, residual_out;
+    if (parse_matrix(x_obj, n, item, 0, &x) < 0 ||
+        parse_vector(weight_obj, kind_size(rms_type_table[type].weight), &weight) < 0 ||
+        parse_matrix(y_obj, n, item, 0, &y) < 0 ||
+        parse_matrix(residual_obj, n, item, 1, &residual) < 0 ||
+        parse_matrix(residual_out_obj, n, item, 1, &residual_out) < 0) {
         return NULL;
     }
     rms_forward_problem problem = {
@@ -131,16 +174,26 @@ PyObject *rms_backward_buffers(PyObject *module, PyObject *args)
     int type;
     Py_ssize_t rows, n;
     double eps, weight_offset;
-    rms_matrix grad_output, x, weight, grad_input, grad_weight, grad_residual_out;
-    if (!PyArg_ParseTuple(args, "innddO&O&O&O&O&O&:_backward_buffers", &type, &rows, &n,
-                          &eps, &weight_offset, matrix_converter, &grad_output,
-                          matrix_converter, &x, vector_converter, &weight, matrix_converter,
-                          &grad_input, vector_converter, &grad_weight,
-                          optional_matrix_converter, &grad_residual_out)) {
+    PyObject *grad_output_obj, *x_obj, *weight_obj, *grad_input_obj, *grad_weight_obj,
+        *grad_residual_out_obj;
+    if (!PyArg_ParseTuple(args, "innddOOOOOO:_backward_buffers", &type, &rows, &n, &eps,
+                          &weight_offset, &grad_output_obj, &x_obj, &weight_obj,
+                          &grad_input_obj, &grad_weight_obj, &grad_residual_out_obj)) {
         return NULL;
     }
     eps_value eps_as_kind;
     if (check_problem(type, rows, n, eps, &eps_as_kind) < 0) {
+        return NULL;
+    }
+    const Py_ssize_t item = kind_size(rms_type_table[type].x),
+                     weight_item = kind_size(rms_type_table[type].weight);
+    rms_matrix grad_output, x, weight, grad_input, grad_weight, grad_residual_out;
+    if (parse_matrix(grad_output_obj, n, item, 0, &grad_output) < 0 ||
+        parse_matrix(x_obj, n, item, 0, &x) < 0 ||
+        parse_vector(weight_obj, weight_item, &weight) < 0 ||
+        parse_matrix(grad_input_obj, n, item, 0, &grad_input) < 0 ||
+        parse_vector(grad_weight_obj, weight_item, &grad_weight) < 0 ||
+        parse_matrix(grad_residual_out_obj, n, item, 1, &grad_residual_out) < 0) {
         return NULL;
     }
     rms_backward_problem problem = {
