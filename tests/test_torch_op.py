@@ -571,3 +571,24 @@ def test_shape_errors_are_torchs(shape, normalized_shape, weight_shape, path):
 def test_residual_of_another_shape_is_an_error():
     with pytest.raises(RuntimeError, match="residual must have the input's shape"):
         rt.add_rms_norm(torch.randn(3, 8), torch.randn(2, 8), 8)
+
+
+def test_export_holds_the_op():
+    exported = torch.export.export(rt.RMSNorm(64), (torch.randn(3, 64),))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert targets == [torch.ops.rmsnorm.rms_norm.default]
+    x = torch.randn(3, 64)  # export specialises the batch size
+    torch.testing.assert_close(exported.module()(x), F.rms_norm(x, [64], torch.ones(64)))
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_large_outputs_match_torch(path):
+    # 1024 rows of 2048 floats, 8 MiB: outputs this large come from NumPy's
+    # allocator (huge pages), and must work as any tensor does.
+    x, weight, grad_output = (
+        torch.from_numpy(a) for a in make_inputs((1024, 2048), (2048,), np.float32, 1e-6)
+    )
+    check_against_torch(path, x, weight, grad_output, (2048,), 1e-6)
+    y = rt.rms_norm(x, [2048], weight, 1e-6)
+    assert y.is_contiguous() and y.nbytes >= rt._HUGE_PAGES_MIN_BYTES
+    y.mul_(2)  # writable, in place
