@@ -230,7 +230,7 @@ def test_no_grad_shortcut_gives_the_ops_bytes(pair):
 def test_results_are_the_same_bytes_for_any_thread_count(restore_num_threads):
     # 512 rows of 4096: past the size where the kernels split work among threads.
     x, weight, grad_output = torch.randn(512, 4096), torch.rand(4096), torch.randn(512, 4096)
-    results = []
+    results, torch_threads = [], torch.get_num_threads()
     for threads in (1, 2, 3, 8):
         rmsnorm.set_num_threads(threads)
         torch.set_num_threads(max(1, threads // 2))
@@ -238,6 +238,7 @@ def test_results_are_the_same_bytes_for_any_thread_count(restore_num_threads):
         y = rt.rms_norm(x_leaf, [4096], w_leaf)
         y.backward(grad_output)
         results.append((y.detach(), x_leaf.grad, w_leaf.grad))
+    torch.set_num_threads(torch_threads)
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
