@@ -378,7 +378,7 @@ def _traced(*tensors) -> bool:
     if _is_compiling():  # first: torch.compile reads it as True, and traces nothing after
         return True
     for t in tensors:
-        if t is not None and type(t) is not torch.Tensor:
+        if t is not None and type(t) not in _PLAIN_TENSORS:
             return True
     return (
         _functorch_transforms_active()
@@ -388,6 +388,9 @@ def _traced(*tensors) -> bool:
     )
 
 
+# What _traced takes for a tensor no tracer or subclass stands behind: a
+# module's weight is a Parameter.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 # Looked up once: _traced runs on every call, where each attribute lookup counts.
 _functorch_transforms_active = torch._C._are_functorch_transforms_active  # vmap, grad
 _is_compiling = torch.compiler.is_compiling

@@ -227,6 +227,21 @@ def test_no_grad_shortcut_gives_the_ops_bytes(pair):
     assert torch.equal(shortcut, op)
 
 
+def test_eager_module_calls_skip_the_dispatcher(monkeypatch):
+    # A module's weight is a Parameter, a tensor no tracer stands behind: its
+    # eager calls take the shortcuts, with and without autograd.
+    def refuse(*args):
+        raise AssertionError("an eager call went through the op")
+
+    monkeypatch.setattr(rt, "_rms_norm_op", refuse)
+    layer = rt.RMSNorm(16)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        layer(x)
+    layer(x.requires_grad_()).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
 def test_results_are_the_same_bytes_for_any_thread_count(restore_num_threads):
     # 512 rows of 4096: past the size where the kernels split work among threads.
     x, weight, grad_output = torch.randn(512, 4096), torch.rand(4096), torch.randn(512, 4096)
