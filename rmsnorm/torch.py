@@ -131,10 +131,10 @@ def _check_shapes(input, shape: tuple, weight, same_shape=()) -> None:
             )
 
 
-def _eps(eps, dtype) -> float:
-    if eps is None:
-        return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
-    return eps  # the C rounds it to float32 unless the input is float64, as torch does
+def _default_eps(dtype) -> float:
+    # A given eps goes to the C as it is, which rounds it to float32 unless
+    # the input is float64, as torch does.
+    return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
 
 
 @functools.lru_cache(maxsize=16)
@@ -154,7 +154,7 @@ _HUGE_PAGES_MIN_BYTES = 4 << 20
 
 def _empty_like(tensor):
     """A new contiguous tensor of ``tensor``'s shape and dtype, as the fake
-    implementations describe the outputs."""
+    implementations describe the outputs; the kernels take its address."""
     nbytes = tensor.nbytes
     if nbytes < _HUGE_PAGES_MIN_BYTES:
         if tensor.is_contiguous():  # the shorter call, when it keeps the layout anyway
@@ -164,33 +164,31 @@ def _empty_like(tensor):
     return memory.view(tensor.dtype).view(tensor.shape)
 
 
-def _folded(tensor, rows: int, n: int):
-    """``tensor`` as rows of n: itself when contiguous, else a (rows, n)
-    view, or a copy where its layout does not fold (Tensor.reshape's rule).
-    The caller holds it while the kernels read it."""
-    return tensor if tensor.is_contiguous() else tensor.reshape(rows, n)
-
-
-# The kernels read buffers as an address and byte strides, or an address
-# alone for contiguous memory (csrc/numpy/buffers.c).
-def _matrix(folded):
+# The kernels read an operand as its address alone where it is contiguous,
+# else as (address, row stride, stride) in bytes (csrc/numpy/buffers.c).
+# These return the tensor the caller must hold while the kernels read it
+# (a folded copy, where there is one) and the argument that describes it.
+def _operand(tensor, rows: int, n: int):
+    """A (rows, n) operand: a contiguous tensor in place, another folded by
+    Tensor.reshape (a view, or a copy where its layout does not fold)."""
+    if tensor.is_contiguous():
+        return tensor, tensor.data_ptr()
+    folded = tensor.reshape(rows, n)
     if folded.is_contiguous():
-        return folded.data_ptr()
+        return folded, folded.data_ptr()
     item = folded.element_size()
-    return (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
+    return folded, (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
 
 
-def _vector(row):
-    if row.stride(0) == 1:
-        return row.data_ptr()
-    return (row.data_ptr(), row.stride(0) * row.element_size())
-
-
-def _weight_row(weight, dtype, n: int):
-    """The weight as one row of n (ones without a weight); the caller holds it."""
+def _weight_operand(weight, dtype, n: int):
+    """The weight as one row of n (ones without a weight)."""
     if weight is None:
-        return _ones(n, dtype)
-    return weight if weight.dim() == 1 else weight.reshape(n)
+        row = _ones(n, dtype)
+    else:
+        row = weight if weight.dim() == 1 else weight.reshape(n)
+    if row.stride(0) == 1:
+        return row, row.data_ptr()
+    return row, (row.data_ptr(), row.stride(0) * row.element_size())
 
 
 def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None):
@@ -198,7 +196,8 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     for tensors of the kernels' type ``kernel_type`` (from _served_type).
 
     The outputs are new contiguous tensors; the operands are read where they
-    are, folded into rows of n where their layout allows it.
+    are, folded into rows of n where their layout allows it. At a decoding
+    step's size this Python is most of the call, so it makes few calls.
     """
     _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
     n = math.prod(shape)
@@ -206,21 +205,24 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     y = _empty_like(input)
     residual_out = None if residual is None else _empty_like(input)
     if rows:
-        x = _folded(input, rows, n)
-        weight_row = _weight_row(weight, input.dtype, n)
-        residual_rows = None if residual is None else _folded(residual, rows, n)
+        x, x_arg = _operand(input, rows, n)
+        weight_row, weight_arg = _weight_operand(weight, input.dtype, n)
+        residual_rows, residual_arg = (
+            (None, None) if residual is None else _operand(residual, rows, n)
+        )
         _core._forward_buffers(
             kernel_type,
             rows,
             n,
-            _eps(eps, input.dtype),
+            _default_eps(input.dtype) if eps is None else eps,
             weight_offset,
-            _matrix(x),
-            _vector(weight_row),
-            _matrix(y),
-            None if residual is None else _matrix(residual_rows),
-            None if residual is None else _matrix(residual_out),
+            x_arg,
+            weight_arg,
+            y.data_ptr(),
+            residual_arg,
+            None if residual is None else residual_out.data_ptr(),
         )
+        del x, weight_row, residual_rows  # held until the kernels returned: copies live only here
     return y if residual is None else (y, residual_out)
 
 
@@ -253,22 +255,26 @@ def _backward(
         if grad_residual_out is not None:
             grad_input.copy_(grad_residual_out)
         return grad_input, grad_weight.zero_()
-    grad_rows, x = _folded(grad_output, rows, n), _folded(input, rows, n)
-    weight_row = _weight_row(weight, input.dtype, n)
-    grad_residual_rows = None if grad_residual_out is None else _folded(grad_residual_out, rows, n)
+    grad_rows, grad_arg = _operand(grad_output, rows, n)
+    x, x_arg = _operand(input, rows, n)
+    weight_row, weight_arg = _weight_operand(weight, input.dtype, n)
+    grad_residual_rows, grad_residual_arg = (
+        (None, None) if grad_residual_out is None else _operand(grad_residual_out, rows, n)
+    )
     _core._backward_buffers(
         kernel_type,
         rows,
         n,
-        _eps(eps, input.dtype),
+        _default_eps(input.dtype) if eps is None else eps,
         weight_offset,
-        _matrix(grad_rows),
-        _matrix(x),
-        _vector(weight_row),
-        _matrix(grad_input),
-        _vector(grad_weight.view(n)),
-        None if grad_residual_out is None else _matrix(grad_residual_rows),
+        grad_arg,
+        x_arg,
+        weight_arg,
+        grad_input.data_ptr(),
+        grad_weight.data_ptr(),
+        grad_residual_arg,
     )
+    del grad_rows, x, weight_row, grad_residual_rows  # held until the kernels returned
     return grad_input, grad_weight
 
 

@@ -205,11 +205,13 @@ def test_permuted_input_over_two_dims_matches_torch(path):
 
 def test_contiguous_operands_are_read_in_place():
     # Zero copies of the input's size: the kernels get the tensors' own
-    # addresses. Fold a contiguous tensor and a foldable view: no new memory.
+    # addresses, for a contiguous tensor and for a view whose rows fold.
     x = torch.randn(8, 4, 16)
-    assert rt._folded(x, 32, 16).data_ptr() == x.data_ptr()
-    rows_view = torch.randn(16, 16)[::2]  # rows 2 apart: a (8, 16) view, strides (32, 1)
-    assert rt._folded(rows_view, 8, 16).data_ptr() == rows_view.data_ptr()
+    held, argument = rt._operand(x, 32, 16)
+    assert held is x and argument == x.data_ptr()
+    rows_view = torch.randn(16, 16)[::2]  # rows 2 apart: strides (32, 1)
+    held, argument = rt._operand(rows_view, 8, 16)
+    assert argument == (rows_view.data_ptr(), 32 * 4, 4)
 
 
 # ---------------------------------------------------------------------------
