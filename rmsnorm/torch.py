@@ -26,11 +26,19 @@ the input is copied for a contiguous tensor, and a non-contiguous one is
 copied only where its batch dims cannot be folded into rows
 (``Tensor.reshape``'s rule). bfloat16 needs no ml_dtypes here.
 
-Calls that need neither autograd nor tracing (under ``torch.no_grad()`` or
-``torch.inference_mode()``, or with no input that requires grad, and no
-``torch.compile``, functorch transform or dispatch mode active) skip the
-dispatcher and run the op's CPU implementation directly: the same kernels,
-so the same bytes, for a fraction of the cost at a decoding step's size.
+Eager calls skip the dispatcher, whose Python custom-op path costs more
+than torch's whole eager composite at a decoding step's size. Where no
+tracer is involved (no ``torch.compile``, ``torch.export``, jit trace,
+dispatch or torch-function mode, or tensor subclass other than Parameter),
+a call that records no autograd (under ``torch.no_grad()`` or
+``torch.inference_mode()``, or with no input that requires grad) runs the
+op's CPU implementation directly, and one that does runs a
+``torch.autograd.Function`` over the same implementation and the same
+autograd formulas. The same kernels either way, so the same bytes.
+
+Inside torch.func's transforms (``grad``, ``vmap``, ``jacrev``, ...) the
+functions call ``torch.nn.functional.rms_norm``: torch 2.13's custom-op
+autograd does not support those transforms.
 
 Threads: the kernels run on rmsnorm's own thread pool, sized by
 ``rmsnorm.set_num_threads`` (default ``RMSNORM_NUM_THREADS``, else the CPUs
@@ -378,27 +386,22 @@ def _(grad_output, grad_residual_out, residual_out, normalized_shape, weight, ep
 
 def _traced(*tensors) -> bool:
     """Whether something other than eager autograd must see the call: a
-    compiler or tracer, a dispatch or torch-function mode, a functorch
-    transform (vmap, grad) or a tensor subclass (FakeTensor among them). Such calls go
-    through the ops; the rest may call the implementations directly."""
+    compiler or tracer, a dispatch or torch-function mode, or a tensor
+    subclass (FakeTensor among them). Such calls go through the ops; the
+    rest may call the implementations directly."""
     if _is_compiling():  # first: torch.compile reads it as True, and traces nothing after
         return True
     for t in tensors:
         if t is not None and type(t) not in _PLAIN_TENSORS:
             return True
-    return (
-        _functorch_transforms_active()
-        or _dispatch_modes() > 0
-        or _torch_function_mode_enabled()
-        or _tracing_state() is not None
-    )
+    return _dispatch_modes() > 0 or _torch_function_mode_enabled() or _tracing_state() is not None
 
 
 # What _traced takes for a tensor no tracer or subclass stands behind: a
 # module's weight is a Parameter.
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 # Looked up once: _traced runs on every call, where each attribute lookup counts.
-_functorch_transforms_active = torch._C._are_functorch_transforms_active  # vmap, grad
+_functorch_transforms_active = torch._C._are_functorch_transforms_active  # torch.func
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
@@ -542,7 +545,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.
     if weight_offset and weight is None:
         raise _offset_without_weight(weight_offset)
     kernel_type = _kernel_type(input, weight)
-    if kernel_type is None:
+    if kernel_type is None or _functorch_transforms_active():
         return torch.nn.functional.rms_norm(input, shape, _factor(weight, weight_offset), eps)
     if _traced(input, weight):
         return _rms_norm_op(input, shape, weight, eps, weight_offset)
@@ -569,7 +572,11 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, we
     if weight_offset and weight is None:
         raise _offset_without_weight(weight_offset)
     kernel_type = _kernel_type(input, weight)
-    if kernel_type is None or _kernel_type(residual, weight) is None:
+    if (
+        kernel_type is None
+        or _kernel_type(residual, weight) is None
+        or _functorch_transforms_active()
+    ):
         residual_out = input + residual
         factor = _factor(weight, weight_offset)
         return torch.nn.functional.rms_norm(residual_out, shape, factor, eps), residual_out

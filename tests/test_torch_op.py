@@ -610,3 +610,16 @@ def test_large_outputs_match_torch(path):
     y = rt.rms_norm(x, [2048], weight, 1e-6)
     assert y.is_contiguous() and y.nbytes >= rt._HUGE_PAGES_MIN_BYTES
     y.mul_(2)  # writable, in place
+
+
+def test_torch_func_transforms_go_to_torch():
+    # torch 2.13's custom-op autograd does not support torch.func's
+    # transforms: inside them the functions call torch's own composite.
+    x, weight = torch.randn(4, 8, dtype=torch.float64), torch.rand(8, dtype=torch.float64)
+    for transform in (torch.func.grad, torch.func.jacrev):
+        ours = transform(lambda x: rt.rms_norm(x, [8], weight).sum())(x)
+        theirs = transform(lambda x: F.rms_norm(x, [8], weight).sum())(x)
+        torch.testing.assert_close(ours, theirs)
+    batched = torch.randn(3, 4, 8)
+    ours = torch.vmap(lambda x: rt.add_rms_norm(x, x, [8])[0])(batched)
+    torch.testing.assert_close(ours, F.rms_norm(2 * batched, [8]))
