@@ -3,6 +3,7 @@
     python benchmarks/bench.py               # full run, writes results.md and results.png
     python benchmarks/bench.py --quick       # a few repeats, to see that it runs
     python benchmarks/bench.py --only fused  # one section, printed, no files
+    python benchmarks/bench.py --only torch  # rmsnorm.torch beside torch, printed, no files
 
 The peers are optional and each column reads n/a without its package. Install
 them with ``pip install -e ".[bench]"`` (onnxruntime, onnx and matplotlib for
@@ -29,6 +30,12 @@ traffic of two copies of x, so two ``np.copyto`` calls are its yardstick,
 beside ``np.add`` followed by ``forward``; ``add_backward`` is timed beside
 ``backward`` followed by ``np.add`` of the residual's gradient. The fused
 outputs are checked against the unfused ones before anything is timed.
+
+A third section times ``rmsnorm.torch.rms_norm`` (the custom op, its eager
+shortcuts included) on one thread beside eager ``torch.nn.functional.rms_norm``
+and ``torch.compile`` of it, on torch tensors: the forward under ``no_grad``,
+and the forward plus autograd's backward. Its outputs and gradients are
+checked against eager torch's first.
 """
 
 from __future__ import annotations
@@ -96,6 +103,9 @@ SHAPES = [
     (2048, 4096, "bfloat16"),
     (4096, 8192, "bfloat16"),
 ]
+# The torch section's rows, on 1 thread: a decoding step and a batch, the
+# shapes its goals name. bfloat16 needs no ml_dtypes here.
+TORCH_SHAPES = [(rows, 4096, dtype) for dtype in ("float32", "bfloat16") for rows in (1, 2048)]
 # The fused residual-add section's rows, on 1 thread: its goals are for these.
 FUSED_SHAPES = [(rows, hidden, dtype) for dtype in ("float32", "float16", "bfloat16")
                 for rows, hidden in ((2048, 4096), (4096, 8192))]
@@ -447,17 +457,80 @@ def fused_candidates(rows, hidden, dtype):
     return candidates, x.nbytes
 
 
+def torch_op_candidates(rows, hidden, dtype_name):
+    """(forward, both): rmsnorm.torch.rms_norm, eager torch and torch.compile on 1 thread.
+
+    forward is timed under no_grad, both (forward and autograd's backward)
+    with grad. Raises AssertionError where the op's output or gradients are
+    not torch.testing.assert_close to eager torch's.
+    """
+    import rmsnorm.torch
+
+    dtype = getattr(torch, dtype_name)
+    generator = torch.Generator().manual_seed(0)
+    x, dy = (torch.randn(rows, hidden, generator=generator).to(dtype) for _ in range(2))
+    w = torch.rand(hidden, generator=generator).to(dtype) + 0.5
+    x_grad, w_grad = x.clone().requires_grad_(), w.clone().requires_grad_()
+    rmsnorm.set_num_threads(1)
+    torch.set_num_threads(1)
+    torch._dynamo.reset()  # inductor bakes in the thread count when it compiles
+    compiled = torch.compile(torch.nn.functional.rms_norm, dynamic=False, fullgraph=True)
+    compiled_grad = torch.compile(torch.nn.functional.rms_norm, dynamic=False, fullgraph=True)
+
+    functions = {
+        "torch": torch.nn.functional.rms_norm,
+        "torch.compile": compiled,
+        "rmsnorm.torch": rmsnorm.torch.rms_norm,
+    }
+    with torch.no_grad():
+        want = torch.nn.functional.rms_norm(x, [hidden], w, EPS)
+        for name in ("torch.compile", "rmsnorm.torch"):
+            torch.testing.assert_close(functions[name](x, [hidden], w, EPS), want, msg=name)
+    grads = {}
+    for name, fn in functions.items():
+        x_grad.grad = w_grad.grad = None
+        (compiled_grad if name == "torch.compile" else fn)(x_grad, [hidden], w_grad, EPS).backward(dy)
+        grads[name] = x_grad.grad, w_grad.grad
+    for name in ("torch.compile", "rmsnorm.torch"):
+        for got, expected in zip(grads[name], grads["torch"]):
+            # grad_weight sums over the rows: an absolute tolerance of its size.
+            atol = 1e-5 * max(1.0, float(expected.abs().max()))
+            torch.testing.assert_close(got, expected, atol=atol, rtol=DEFAULT_RTOL[dtype_name],
+                                       msg=f"{name}'s gradients")
+
+    def forward_of(fn):
+        return lambda: fn(x, [hidden], w, EPS)
+
+    def both_of(fn):
+        def forward_backward():
+            x_grad.grad = w_grad.grad = None
+            fn(x_grad, [hidden], w_grad, EPS).backward(dy)
+        return forward_backward
+
+    forward = {name: forward_of(fn) for name, fn in functions.items()}
+    both = {name: both_of(compiled_grad if name == "torch.compile" else fn)
+            for name, fn in functions.items()}
+    return forward, both
+
+
+# torch.testing.assert_close's default rtol per dtype.
+DEFAULT_RTOL = {"float32": 1.3e-6, "bfloat16": 1.6e-2}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python benchmarks/bench.py", description=__doc__.splitlines()[0],
         epilog="A full run takes about 10 minutes on 2 CPUs and wants a quiet machine: it "
-               "prints two tables and a checklist of the speed goals, and writes them to "
+               "prints three tables and a checklist of the speed goals, and writes them to "
                "results.md, with results.png beside it. The first table (section 'peers') "
                "times rmsnorm beside its peers and a copy, on 1 thread and on all CPUs; the "
                "second (section 'fused', about a minute) times the fused residual add, "
                "add_forward and add_backward with out=, on 1 thread at 2048x4096 and "
                "4096x8192 in float32, float16 and bfloat16, beside two np.copyto calls (the "
-               "same traffic), np.add then forward, and backward then np.add. Each "
+               "same traffic), np.add then forward, and backward then np.add; the third "
+               "(section 'torch', about a minute) times rmsnorm.torch.rms_norm beside torch "
+               "eager and torch.compile on torch tensors, on 1 thread at 1x4096 and 2048x4096 "
+               "in float32 and bfloat16, under no_grad and with autograd's backward. Each "
                "candidate's times go to stdout as they are measured, with the load other "
                "processes put on the machine meanwhile. The peers need pip install -e "
                "\".[bench]\" and torch; without them their columns read n/a.")
@@ -473,10 +546,12 @@ def main(argv=None) -> int:
                         help=f"repeats for shapes of {LARGE >> 20} Mi elements or more, whose "
                              "slow candidates take seconds per call; at most --repeats "
                              "(default %(default)s)")
-    parser.add_argument("--only", choices=("peers", "fused"),
+    parser.add_argument("--only", choices=("peers", "fused", "torch"),
                         help="run one section: peers (rmsnorm beside its peers and a copy) "
                              "or fused (the fused residual add beside its unfused pair and "
-                             "two copies); prints its table and, unless --quick, its goals, "
+                             "two copies) or torch (rmsnorm.torch's op beside torch eager and "
+                             "torch.compile, on torch tensors); prints its table and, unless "
+                             "--quick, its goals, "
                              "and writes no files, as results.md holds both sections")
     parser.add_argument("--out", type=Path, default=HERE, metavar="DIR",
                         help="folder for results.md and results.png, created if need be "
@@ -525,12 +600,31 @@ def main(argv=None) -> int:
               + ", ".join(f"{k} {v * 1e6:.1f}us" for k, v in medians.items()), flush=True)
         print(f"  other processes kept {load:.2f} CPUs busy meanwhile", flush=True)
         del candidates
+    torch_out = []
+    for rows, hidden, dtype_name in (TORCH_SHAPES if args.only in (None, "torch") else []):
+        if torch is None:
+            print("skipping the torch section: torch is not installed", flush=True)
+            break
+        forward, both = torch_op_candidates(rows, hidden, dtype_name)
+        n = large_repeats if rows * hidden >= LARGE else repeats
+        (fwd, bwd), load = other_load(time_row, forward, both, n, min_seconds)
+        torch_out.append((rows, hidden, dtype_name, fwd, bwd))
+        loads.append((f"torch {rows}x{hidden} {dtype_name}", load))
+        print(f"torch, 1 thr {rows}x{hidden} {dtype_name}: " + ", ".join(
+            f"{k} {v * 1e6:.1f}us" for k, v in {**fwd, **{'fb ' + k: v for k, v in bwd.items()}}.items()
+        ), flush=True)
+        print(f"  other processes kept {load:.2f} CPUs busy meanwhile", flush=True)
+        del forward, both
     rmsnorm.set_num_threads(all_threads)
+    if torch is not None:
+        torch.set_num_threads(all_threads)
     minutes = (time.perf_counter() - started) / 60
 
     table = markdown_table(rows_out) if rows_out else ""
     if fused_out:
         table += ("\n" if table else "") + fused_table(fused_out)
+    if torch_out:
+        table += ("\n" if table else "") + torch_table(torch_out)
     versions = [f"NumPy {np.__version__}"]
     for label, module in (("torch", torch), ("onnxruntime", onnxruntime), ("ml_dtypes", ml_dtypes)):
         versions.append(f"{label} {module.__version__}" if module is not None
@@ -558,6 +652,7 @@ def main(argv=None) -> int:
     if not args.quick:
         goals = [check_goals(rows_out)] if rows_out else []
         goals += [check_fused_goals(fused_out)] if fused_out else []
+        goals += [check_torch_goals(torch_out)] if torch_out else []
         report += "\n" + "\n".join(goals)
     print("\n" + report)
     if not args.quick and args.only is None:
@@ -703,6 +798,71 @@ def fused_table(fused_out) -> str:
         "candidates of a row are timed interleaved, on the same page-aligned arrays."
     )
     return "\n".join(lines) + "\n"
+
+
+def torch_table(torch_out) -> str:
+    """rmsnorm.torch's table: one row per shape and dtype, on 1 thread."""
+    lines = [
+        "rmsnorm.torch beside torch, 1 thread, torch tensors:",
+        "",
+        ("| shape | dtype | torch fwd | torch.compile fwd | rmsnorm.torch fwd | fwd vs torch "
+         "| fwd vs torch.compile | torch fwd+bwd | torch.compile fwd+bwd | rmsnorm.torch fwd+bwd "
+         "| fwd+bwd vs torch | fwd+bwd vs torch.compile |"),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for rows, hidden, dtype, fwd, bwd in torch_out:
+        ours, ours_both = fwd["rmsnorm.torch"], bwd["rmsnorm.torch"]
+        cells = [
+            f"{rows}x{hidden}",
+            dtype,
+            *(f"{fwd[k] * 1e6:.1f} us" for k in ("torch", "torch.compile", "rmsnorm.torch")),
+            versus("torch", fwd["torch"], ours),
+            versus("torch.compile", fwd["torch.compile"], ours),
+            *(f"{bwd[k] * 1e6:.1f} us" for k in ("torch", "torch.compile", "rmsnorm.torch")),
+            versus("torch", bwd["torch"], ours_both),
+            versus("torch.compile", bwd["torch.compile"], ours_both),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "Medians per call, Python and the dispatcher included. fwd is "
+        "`rmsnorm.torch.rms_norm(x, [hidden], w, eps)`, "
+        "`torch.nn.functional.rms_norm` and `torch.compile` of it (inductor, "
+        "`dynamic=False`) under `torch.no_grad()`; fwd+bwd is the same call on tensors that "
+        "require grad, then `.backward(dy)`. `torch.set_num_threads(1)` and "
+        "`rmsnorm.set_num_threads(1)`."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def check_torch_goals(torch_out) -> str:
+    """rmsnorm.torch's goals (issue 15), each with its measured value."""
+    out = ["Goals of rmsnorm.torch (1 thread):"]
+    measured = {(rows, dtype): (fwd, bwd) for rows, _, dtype, fwd, bwd in torch_out}
+
+    def goal(text, ok):
+        out.append(f"- [{'x' if ok else ' '}] {text}")
+
+    for dtype in ("float32", "bfloat16"):
+        if (2048, dtype) in measured:
+            fwd, bwd = measured[(2048, dtype)]
+            ours, ours_both = fwd["rmsnorm.torch"], bwd["rmsnorm.torch"]
+            goal(f"2048x4096 {dtype}: forward at least 5x faster than eager "
+                 f"({times(fwd['torch'] / ours)}x)", fwd["torch"] >= 5 * ours)
+            goal(f"2048x4096 {dtype}: forward plus backward at least 8x faster than eager "
+                 f"({times(bwd['torch'] / ours_both)}x)", bwd["torch"] >= 8 * ours_both)
+            goal(f"2048x4096 {dtype}: both faster than torch.compile "
+                 f"({ours_vs('torch.compile', fwd['torch.compile'], ours)} forward, "
+                 f"{ours_vs('torch.compile', bwd['torch.compile'], ours_both)} with backward)",
+                 fwd["torch.compile"] > ours and bwd["torch.compile"] > ours_both)
+        if (1, dtype) in measured:
+            fwd, bwd = measured[(1, dtype)]
+            ours, ours_both = fwd["rmsnorm.torch"], bwd["rmsnorm.torch"]
+            goal(f"1x4096 {dtype}: at least 2x faster than eager under no_grad "
+                 f"({times(fwd['torch'] / ours)}x)", fwd["torch"] >= 2 * ours)
+            goal(f"1x4096 {dtype}: no slower than eager with autograd "
+                 f"({ours_vs('torch', bwd['torch'], ours_both)})", bwd["torch"] >= ours_both)
+    return "\n".join(out) + "\n"
 
 
 def check_fused_goals(fused_out) -> str:

@@ -15,6 +15,9 @@
   and ``weight_offset``.
 - ``set_num_threads`` and ``get_num_threads``: the kernels' thread pool.
 - ``reference``: a plain float64 NumPy implementation, the independent check.
+- ``rmsnorm.torch`` (imported on its own, needs torch): the kernels as torch
+  custom ops with autograd and torch.compile support, ``RMSNorm`` and
+  ``replace(model)``. ``import rmsnorm`` never imports torch.
 
 float16, float32 and float64 arrays work as they are; bfloat16 works when the
 optional package ml_dtypes is installed (``pip install 'rmsnorm[bfloat16]'``),

@@ -35,3 +35,19 @@ def _forward_direct(
 def _isa() -> tuple[str, list[str]]: ...
 def _set_isa(name: str, /) -> None: ...
 def _register_bfloat16(dtype: np.dtype[Any], /) -> None: ...
+
+# For rmsnorm.torch: the kernels on raw buffers. A matrix is (address, row
+# stride, stride) and a vector (address, stride), strides in bytes; type is
+# an index into dtype_pairs.
+_Matrix = tuple[int, int, int]
+_Vector = tuple[int, int]
+
+def _forward_buffers(
+    type: int, rows: int, n: int, eps: float, weight_offset: float, x: _Matrix,
+    weight: _Vector, y: _Matrix, residual: _Matrix | None, residual_out: _Matrix | None, /,
+) -> None: ...
+def _backward_buffers(
+    type: int, rows: int, n: int, eps: float, weight_offset: float, grad_output: _Matrix,
+    x: _Matrix, weight: _Vector, grad_input: _Matrix, grad_weight: _Vector,
+    grad_residual_out: _Matrix | None, /,
+) -> None: ...

@@ -96,6 +96,20 @@ def weight_shape_error(weight_shape, normalized_shape) -> ValueError:
     )
 
 
+def input_shape_error(input_shape, normalized_shape) -> ValueError:
+    """The error, in torch's words, for an input whose last dims are not normalized_shape."""
+    k = len(normalized_shape)
+    if len(input_shape) < k:
+        return ValueError(
+            f"Input tensor must have at least {k} dimensions, but got {len(input_shape)}"
+        )
+    return ValueError(
+        f"Given normalized_shape={_torch_list(normalized_shape)}, expected input with shape "
+        f"[*{', '.join(str(s) for s in normalized_shape)}], but got input of "
+        f"size{_torch_list(input_shape)}"
+    )
+
+
 # The largest eps each eps type takes without overflowing to inf.
 _LARGEST_EPS = {t.type: float(np.finfo(t).max) for t in set(EPS_DTYPE.values())}
 
@@ -180,13 +194,8 @@ def _prepare(input, normalized_shape, weight, eps):
         if tuple(weight.shape) != shape:
             raise weight_shape_error(weight.shape, shape)
     x_shape = tuple(x.shape)
-    if len(x_shape) < k:
-        raise ValueError(f"Input tensor must have at least {k} dimensions, but got {len(x_shape)}")
-    if x_shape[len(x_shape) - k :] != shape:
-        raise ValueError(
-            f"Given normalized_shape={_torch_list(shape)}, expected input with shape "
-            f"[*{', '.join(str(s) for s in shape)}], but got input of size{_torch_list(x_shape)}"
-        )
+    if len(x_shape) < k or x_shape[len(x_shape) - k :] != shape:
+        raise input_shape_error(x_shape, shape)
     n = shape[0] if k == 1 else math.prod(shape)
     if weight is None:
         weight_row = _unit_weight(n, dtype)

@@ -21,6 +21,9 @@ def normalized_shape_tuple(normalized_shape: _ShapeLike) -> tuple[int, ...]: ...
 def weight_shape_error(
     weight_shape: tuple[int, ...], normalized_shape: tuple[int, ...]
 ) -> ValueError: ...
+def input_shape_error(
+    input_shape: tuple[int, ...], normalized_shape: tuple[int, ...]
+) -> ValueError: ...
 @overload
 def rms_norm(
     input: NDArray[_Float],

@@ -68,6 +68,13 @@ def test_import_rmsnorm_does_not_import_torch():
     assert result.stdout.strip() == "False"
 
 
+def test_import_rmsnorm_torch_without_torch_names_the_extra():
+    result = run_python(BLOCK_TORCH + "import rmsnorm.torch\n")
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert "pip install 'rmsnorm[torch]'" in result.stderr
+
+
 def test_demo_runs_without_torch_and_says_so():
     code = BLOCK_TORCH + textwrap.dedent("""\
         import runpy

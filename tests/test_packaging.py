@@ -88,12 +88,15 @@ def test_numpy_is_the_only_runtime_requirement(project):
     assert project["dependencies"] == ["numpy>=1.23"]
 
 
-def test_torch_is_only_a_pinned_test_dependency(project):
+def test_torch_is_only_pinned_in_the_test_and_torch_extras(project):
+    # An unpinned torch would pull the multi-GB CUDA build; rmsnorm.torch's
+    # ImportError names the torch extra.
     extras = project["optional-dependencies"]
     assert "torch" not in requirement_names(project["dependencies"])
     assert "torch==2.13.0" in extras["test"]
+    assert extras["torch"] == ["torch==2.13.0"]
     for extra, requirements in extras.items():
-        if extra != "test":
+        if extra not in ("test", "torch"):
             assert "torch" not in requirement_names(requirements), f"torch in the {extra} extra"
 
 

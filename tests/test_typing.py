@@ -27,7 +27,7 @@ def test_typing_example_runs():
 
 
 @pytest.mark.parametrize("name", ["py.typed", "__init__.pyi", "_core.pyi", "functional.pyi",
-                                  "module.pyi", "reference.pyi"])
+                                  "module.pyi", "reference.pyi", "torch.pyi"])
 def test_package_ships_its_type_information(name):
     assert os.path.isfile(os.path.join(PACKAGE_DIR, name)), f"rmsnorm/{name} is missing"
 
@@ -52,5 +52,6 @@ def test_mypy_strict_accepts_the_typing_example(tmp_path):
 
 def test_stubs_match_the_package_at_run_time(tmp_path):
     result = run(["mypy.stubtest", "--mypy-config-file", mypy_config(tmp_path),
-                  "rmsnorm._core", "rmsnorm.functional", "rmsnorm.module", "rmsnorm.reference"])
+                  "rmsnorm._core", "rmsnorm.functional", "rmsnorm.module", "rmsnorm.reference",
+                  "rmsnorm.torch"])
     assert result.returncode == 0, result.stdout + result.stderr

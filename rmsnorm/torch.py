@@ -1,0 +1,627 @@
+"""rmsnorm inside torch models: the kernels as torch custom ops, with autograd.
+
+- ``rms_norm(input, normalized_shape, weight=None, eps=None, *,
+  weight_offset=0.0)``: ``torch.nn.functional.rms_norm``, through the op
+  ``torch.ops.rmsnorm.rms_norm``.
+- ``add_rms_norm(input, residual, normalized_shape, weight=None, eps=None,
+  *, weight_offset=0.0)``: a pre-norm block's ``(rms_norm(input + residual),
+  input + residual)`` in one pass, through ``torch.ops.rmsnorm.add_rms_norm``.
+- ``RMSNorm``: ``torch.nn.RMSNorm`` whose forward calls the op; the same
+  constructor, parameters, ``state_dict`` keys and repr.
+- ``replace(model)``: turns every ``torch.nn.RMSNorm`` of a model into an
+  ``RMSNorm`` in place and returns how many it turned.
+
+Three layers, as in torch: the functions validate and dispatch, the ops
+(``torch.library`` custom ops, with fake implementations for
+``torch.compile`` and autograd formulas that call the backward ops) run the
+C kernels on the tensors' memory, and the kernels do the arithmetic.
+
+What goes to the kernels: CPU tensors of float16, bfloat16, float32 and
+float64 with a weight of the input's dtype or of torch's mixed precision (a
+float32 weight with 16-bit input, a float64 weight with float32 input), or
+no weight. Anything else (another device, complex numbers, another pair of
+dtypes) goes to ``torch.nn.functional.rms_norm``, with its result type. The
+kernels read the tensors' memory with their strides: nothing the size of
+the input is copied for a contiguous tensor, and a non-contiguous one is
+copied only where its batch dims cannot be folded into rows
+(``Tensor.reshape``'s rule). bfloat16 needs no ml_dtypes here.
+
+Eager calls skip the dispatcher, whose Python custom-op path costs more
+than torch's whole eager composite at a decoding step's size. Where no
+tracer is involved (no ``torch.compile``, ``torch.export``, jit trace,
+dispatch or torch-function mode, or tensor subclass other than Parameter),
+a call that records no autograd (under ``torch.no_grad()`` or
+``torch.inference_mode()``, or with no input that requires grad) runs the
+op's CPU implementation directly, and one that does runs a
+``torch.autograd.Function`` over the same implementation and the same
+autograd formulas. The same kernels either way, so the same bytes.
+
+Inside torch.func's transforms (``grad``, ``vmap``, ``jacrev``, ...) the
+functions call ``torch.nn.functional.rms_norm``: torch 2.13's custom-op
+autograd does not support those transforms.
+
+Threads: the kernels run on rmsnorm's own thread pool, sized by
+``rmsnorm.set_num_threads`` (default ``RMSNORM_NUM_THREADS``, else the CPUs
+this process may use), not on torch's intra-op pool
+(``torch.set_num_threads``). The thread that calls the op waits for the
+pool, so the two pools never run at once from one call; to give the whole
+model one thread budget, call ``rmsnorm.set_num_threads(
+torch.get_num_threads())``. Every result is the same bytes for any number
+of threads of either pool: rows are never split, and grad_weight's
+per-chunk sums are added in chunk order.
+
+Not supported: second derivatives (``create_graph=True`` then a second
+backward raises, naming ``torch.nn.functional.rms_norm`` as the way), and
+``torch.jit.script`` of ``RMSNorm`` (it raises: TorchScript cannot compile
+the dispatch in Python, and a scripted module would silently fall back to
+torch's numbers; use ``torch.compile`` or ``torch.export``).
+"""
+
+import functools
+import math
+
+import numpy as np
+
+try:
+    import torch
+except ImportError as _error:
+    raise ImportError(
+        "rmsnorm.torch needs torch: pip install 'rmsnorm[torch]'", name="torch"
+    ) from _error
+
+from . import _core
+from .functional import input_shape_error, weight_shape_error
+
+__all__ = ["RMSNorm", "add_rms_norm", "replace", "rms_norm"]
+
+# (input dtype, weight dtype) -> the kernels' type index, from the C type
+# list (csrc/kernels/types.h) in its order.
+_KERNEL_TYPES = {
+    (getattr(torch, x), getattr(torch, weight)): index
+    for index, (x, weight, _eps) in enumerate(_core.dtype_pairs)
+}
+
+# eps=None is the machine epsilon of the compute type, float64's for float64
+# input and float32's for the rest, as torch's default.
+_FLOAT32_EPS = torch.finfo(torch.float32).eps
+_FLOAT64_EPS = torch.finfo(torch.float64).eps
+
+
+def _kernel_type(input, weight):
+    """The kernels' type index for these tensors, or None where torch serves them."""
+    if weight is None:
+        weight_dtype = input.dtype
+    elif weight.is_cpu and weight.layout is torch.strided:
+        weight_dtype = weight.dtype
+    else:
+        return None
+    if not (input.is_cpu and input.layout is torch.strided):
+        return None
+    return _KERNEL_TYPES.get((input.dtype, weight_dtype))
+
+
+def _served_type(input, weight):
+    """The kernels' type index for these tensors, or the error that says
+    which tensors they take."""
+    kernel_type = _kernel_type(input, weight)
+    if kernel_type is None:
+        raise RuntimeError(
+            f"rmsnorm's kernels take CPU tensors of {sorted({str(x) for x, _ in _KERNEL_TYPES})} "
+            f"with a weight of a matching dtype; got input {input.dtype} on {input.device} and "
+            f"weight {None if weight is None else (weight.dtype, weight.device)}. "
+            "rmsnorm.torch.rms_norm sends these to torch.nn.functional.rms_norm"
+        )
+    return kernel_type
+
+
+def _check_shapes(input, shape: tuple, weight, same_shape=()) -> None:
+    """The checks that keep the kernels inside the tensors' memory, with
+    torch's errors (RuntimeError, or ValueError where torch raises it).
+    ``same_shape`` holds (name, tensor) pairs that must have the input's
+    shape and dtype."""
+    if not shape:
+        raise RuntimeError(
+            "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least "
+            "one element, but got normalized_shape = []"
+        )
+    if input.shape[-len(shape) :] != shape:
+        error = input_shape_error(tuple(input.shape), shape)
+        if input.dim() < len(shape):
+            raise error  # a ValueError in torch too
+        raise RuntimeError(str(error))
+    if weight is not None and weight.shape != shape:
+        raise RuntimeError(str(weight_shape_error(tuple(weight.shape), shape)))
+    for name, tensor in same_shape:
+        if tensor.shape != input.shape or tensor.dtype != input.dtype:
+            raise RuntimeError(
+                f"{name} must have the input's shape {list(input.shape)} and dtype "
+                f"{input.dtype}, got {list(tensor.shape)} and {tensor.dtype}"
+            )
+
+
+def _default_eps(dtype) -> float:
+    # A given eps goes to the C as it is, which rounds it to float32 unless
+    # the input is float64, as torch does.
+    return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(n: int, dtype):
+    # The unweighted norm is the weighted one with ones (multiplying by 1 is
+    # exact): one code path. A row of ones, kept for reuse, weight-sized.
+    return torch.ones(n, dtype=dtype)
+
+
+# Outputs from this size up are allocated by NumPy, which asks the OS for
+# transparent huge pages on large arrays (madvise); torch's CPU allocator
+# does not unless THP_MEM_ALLOC_ENABLE=1. Writing a fresh 32 MiB output in
+# 4 KiB pages takes 8192 page faults, which cost as much as the kernel
+# itself at 2048x4096 float32 (20 ms against 10 ms, measured on 2 CPUs).
+_HUGE_PAGES_MIN_BYTES = 4 << 20
+
+
+def _empty_like(tensor):
+    """A new contiguous tensor of ``tensor``'s shape and dtype, as the fake
+    implementations describe the outputs; the kernels take its address."""
+    nbytes = tensor.nbytes
+    if nbytes < _HUGE_PAGES_MIN_BYTES:
+        if tensor.is_contiguous():  # the shorter call, when it keeps the layout anyway
+            return torch.empty_like(tensor)
+        return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    memory = torch.from_numpy(np.empty(nbytes, np.uint8))
+    return memory.view(tensor.dtype).view(tensor.shape)
+
+
+# The kernels read an operand as its address alone where it is contiguous,
+# else as (address, row stride, stride) in bytes (csrc/numpy/buffers.c).
+# These return the tensor the caller must hold while the kernels read it
+# (a folded copy, where there is one) and the argument that describes it.
+def _operand(tensor, rows: int, n: int):
+    """A (rows, n) operand: a contiguous tensor in place, another folded by
+    Tensor.reshape (a view, or a copy where its layout does not fold)."""
+    if tensor.is_contiguous():
+        return tensor, tensor.data_ptr()
+    folded = tensor.reshape(rows, n)
+    if folded.is_contiguous():
+        return folded, folded.data_ptr()
+    item = folded.element_size()
+    return folded, (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
+
+
+def _weight_operand(weight, dtype, n: int):
+    """The weight as one row of n (ones without a weight)."""
+    if weight is None:
+        row = _ones(n, dtype)
+    else:
+        row = weight if weight.dim() == 1 else weight.reshape(n)
+    if row.stride(0) == 1:
+        return row, row.data_ptr()
+    return row, (row.data_ptr(), row.stride(0) * row.element_size())
+
+
+def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None):
+    """The ops' CPU implementation: y, or (y, residual_out) with a residual,
+    for tensors of the kernels' type ``kernel_type`` (from _served_type).
+
+    The outputs are new contiguous tensors; the operands are read where they
+    are, folded into rows of n where their layout allows it. At a decoding
+    step's size this Python is most of the call, so it makes few calls.
+    """
+    _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
+    n = math.prod(shape)
+    rows = input.numel() // n if n else 0
+    y = _empty_like(input)
+    residual_out = None if residual is None else _empty_like(input)
+    if rows:
+        x, x_arg = _operand(input, rows, n)
+        weight_row, weight_arg = _weight_operand(weight, input.dtype, n)
+        residual_rows, residual_arg = (
+            (None, None) if residual is None else _operand(residual, rows, n)
+        )
+        _core._forward_buffers(
+            kernel_type,
+            rows,
+            n,
+            _default_eps(input.dtype) if eps is None else eps,
+            weight_offset,
+            x_arg,
+            weight_arg,
+            y.data_ptr(),
+            residual_arg,
+            None if residual is None else residual_out.data_ptr(),
+        )
+        del x, weight_row, residual_rows  # held until the kernels returned: copies live only here
+    return y if residual is None else (y, residual_out)
+
+
+def _backward(
+    kernel_type,
+    grad_output,
+    input,
+    shape: tuple,
+    weight,
+    eps,
+    weight_offset,
+    grad_residual_out=None,
+):
+    """The backward ops' CPU implementation: (grad_input, grad_weight).
+
+    grad_weight has the weight's dtype and shape (the input's dtype without
+    a weight, where it is not needed: the kernels form it anyway). With
+    grad_residual_out, input is residual_out and grad_input also takes
+    grad_residual_out, the gradient of both terms of the sum.
+    """
+    same_shape = (("grad_output", grad_output),)
+    if grad_residual_out is not None:
+        same_shape += (("grad_residual_out", grad_residual_out),)
+    _check_shapes(input, shape, weight, same_shape)
+    n = math.prod(shape)
+    rows = input.numel() // n if n else 0
+    grad_input = _empty_like(input)
+    grad_weight = torch.empty(shape, dtype=input.dtype if weight is None else weight.dtype)
+    if not rows:
+        if grad_residual_out is not None:
+            grad_input.copy_(grad_residual_out)
+        return grad_input, grad_weight.zero_()
+    grad_rows, grad_arg = _operand(grad_output, rows, n)
+    x, x_arg = _operand(input, rows, n)
+    weight_row, weight_arg = _weight_operand(weight, input.dtype, n)
+    grad_residual_rows, grad_residual_arg = (
+        (None, None) if grad_residual_out is None else _operand(grad_residual_out, rows, n)
+    )
+    _core._backward_buffers(
+        kernel_type,
+        rows,
+        n,
+        _default_eps(input.dtype) if eps is None else eps,
+        weight_offset,
+        grad_arg,
+        x_arg,
+        weight_arg,
+        grad_input.data_ptr(),
+        grad_weight.data_ptr(),
+        grad_residual_arg,
+    )
+    del grad_rows, x, weight_row, grad_residual_rows  # held until the kernels returned
+    return grad_input, grad_weight
+
+
+# The ops. Their schemas are written out, next to their implementations.
+@torch.library.custom_op(
+    "rmsnorm::rms_norm",
+    mutates_args=(),
+    schema="(Tensor input, SymInt[] normalized_shape, Tensor? weight, float? eps, "
+    "float weight_offset) -> Tensor",
+)
+def _rms_norm_op(input, normalized_shape, weight, eps, weight_offset):
+    kernel_type = _served_type(input, weight)
+    return _forward(kernel_type, input, tuple(normalized_shape), weight, eps, weight_offset)
+
+
+@torch.library.custom_op(
+    "rmsnorm::rms_norm_backward",
+    mutates_args=(),
+    schema="(Tensor grad_output, Tensor input, SymInt[] normalized_shape, Tensor? weight, "
+    "float? eps, float weight_offset) -> (Tensor, Tensor)",
+)
+def _rms_norm_backward_op(grad_output, input, normalized_shape, weight, eps, weight_offset):
+    shape = tuple(normalized_shape)
+    kernel_type = _served_type(input, weight)
+    return _backward(kernel_type, grad_output, input, shape, weight, eps, weight_offset)
+
+
+@torch.library.custom_op(
+    "rmsnorm::add_rms_norm",
+    mutates_args=(),
+    schema="(Tensor input, Tensor residual, SymInt[] normalized_shape, Tensor? weight, "
+    "float? eps, float weight_offset) -> (Tensor, Tensor)",
+)
+def _add_rms_norm_op(input, residual, normalized_shape, weight, eps, weight_offset):
+    shape = tuple(normalized_shape)
+    kernel_type = _served_type(input, weight)
+    return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
+
+
+@torch.library.custom_op(
+    "rmsnorm::add_rms_norm_backward",
+    mutates_args=(),
+    schema="(Tensor grad_output, Tensor grad_residual_out, Tensor residual_out, "
+    "SymInt[] normalized_shape, Tensor? weight, float? eps, float weight_offset) "
+    "-> (Tensor, Tensor)",
+)
+def _add_rms_norm_backward_op(
+    grad_output, grad_residual_out, residual_out, normalized_shape, weight, eps, weight_offset
+):
+    shape = tuple(normalized_shape)
+    kernel_type = _served_type(residual_out, weight)
+    return _backward(
+        kernel_type,
+        grad_output,
+        residual_out,
+        shape,
+        weight,
+        eps,
+        weight_offset,
+        grad_residual_out,
+    )
+
+
+# Fake implementations: the outputs' shapes, dtypes and (contiguous) layout,
+# after the same checks, for torch.compile and torch.export.
+@_rms_norm_op.register_fake
+def _(input, normalized_shape, weight, eps, weight_offset):
+    _check_shapes(input, tuple(normalized_shape), weight)
+    _served_type(input, weight)
+    return input.new_empty(input.shape)
+
+
+@_add_rms_norm_op.register_fake
+def _(input, residual, normalized_shape, weight, eps, weight_offset):
+    _check_shapes(input, tuple(normalized_shape), weight, (("residual", residual),))
+    _served_type(input, weight)
+    return input.new_empty(input.shape), input.new_empty(input.shape)
+
+
+def _fake_gradients(input, shape, weight):
+    weight_dtype = input.dtype if weight is None else weight.dtype
+    return input.new_empty(input.shape), input.new_empty(shape, dtype=weight_dtype)
+
+
+@_rms_norm_backward_op.register_fake
+def _(grad_output, input, normalized_shape, weight, eps, weight_offset):
+    shape = tuple(normalized_shape)
+    _check_shapes(input, shape, weight, (("grad_output", grad_output),))
+    _served_type(input, weight)
+    return _fake_gradients(input, shape, weight)
+
+
+@_add_rms_norm_backward_op.register_fake
+def _(grad_output, grad_residual_out, residual_out, normalized_shape, weight, eps, weight_offset):
+    shape = tuple(normalized_shape)
+    same_shape = (("grad_output", grad_output), ("grad_residual_out", grad_residual_out))
+    _check_shapes(residual_out, shape, weight, same_shape)
+    _served_type(residual_out, weight)
+    return _fake_gradients(residual_out, shape, weight)
+
+
+def _traced(*tensors) -> bool:
+    """Whether something other than eager autograd must see the call: a
+    compiler or tracer, a dispatch or torch-function mode, or a tensor
+    subclass (FakeTensor among them). Such calls go through the ops; the
+    rest may call the implementations directly."""
+    if _is_compiling():  # first: torch.compile reads it as True, and traces nothing after
+        return True
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN_TENSORS:
+            return True
+    return _dispatch_modes() > 0 or _torch_function_mode_enabled() or _tracing_state() is not None
+
+
+# What _traced takes for a tensor no tracer or subclass stands behind: a
+# module's weight is a Parameter.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+# Looked up once: _traced runs on every call, where each attribute lookup counts.
+_functorch_transforms_active = torch._C._are_functorch_transforms_active  # torch.func
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_tracing_state = torch._C._get_tracing_state  # torch.jit.trace's
+
+
+def _records_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# Autograd: the forward saves its input (for add_rms_norm, the sum it
+# normalised) and the weight; the backward computes both gradients in one
+# pass over the rows. The same formulas serve the ops (under torch.compile
+# and other tracers) and, in eager mode, autograd.Functions that call the
+# implementations directly: a Python custom op's dispatch costs more than
+# the whole of eager torch's composite at a decoding step's size.
+def _setup_rms_norm(ctx, inputs, output):
+    input, normalized_shape, weight, eps, weight_offset = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.shape, ctx.eps, ctx.weight_offset = tuple(normalized_shape), eps, weight_offset
+
+
+def _rms_norm_grads(ctx, grad_output):
+    input, weight = ctx.saved_tensors
+    arguments = (grad_output, input, ctx.shape, weight, ctx.eps, ctx.weight_offset)
+    # Through the op where autograd records this backward (create_graph=True)
+    # or a tracer sees it: there the second backward meets its refusal.
+    if _traced(grad_output, input, weight) or torch.is_grad_enabled():
+        grad_input, grad_weight = _rms_norm_backward_op(*arguments)
+    else:
+        grad_input, grad_weight = _backward(_served_type(input, weight), *arguments)
+    return grad_input, None, None if weight is None else grad_weight, None, None
+
+
+def _setup_add_rms_norm(ctx, inputs, output):
+    _input, _residual, normalized_shape, weight, eps, weight_offset = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.shape, ctx.eps, ctx.weight_offset = tuple(normalized_shape), eps, weight_offset
+
+
+def _add_rms_norm_grads(ctx, grad_output, grad_residual_out):
+    residual_out, weight = ctx.saved_tensors
+    if _traced(grad_output, grad_residual_out, residual_out, weight) or torch.is_grad_enabled():
+        grad_input, grad_weight = _add_rms_norm_backward_op(
+            grad_output,
+            grad_residual_out,
+            residual_out,
+            ctx.shape,
+            weight,
+            ctx.eps,
+            ctx.weight_offset,
+        )
+    else:
+        grad_input, grad_weight = _backward(
+            _served_type(residual_out, weight),
+            grad_output,
+            residual_out,
+            ctx.shape,
+            weight,
+            ctx.eps,
+            ctx.weight_offset,
+            grad_residual_out,
+        )
+    # x and residual enter the sum alike: one gradient for both.
+    return grad_input, grad_input, None, None if weight is None else grad_weight, None, None
+
+
+_SECOND_ORDER = (
+    "rmsnorm.torch computes first derivatives only: its backward ops have no backward. "
+    "For second derivatives (create_graph=True, gradgradcheck, Hessians) use "
+    "torch.nn.functional.rms_norm"
+)
+
+
+def _no_second_order(ctx, *grads):
+    raise RuntimeError(_SECOND_ORDER)
+
+
+torch.library.register_autograd(_rms_norm_op, _rms_norm_grads, setup_context=_setup_rms_norm)
+torch.library.register_autograd(
+    _add_rms_norm_op, _add_rms_norm_grads, setup_context=_setup_add_rms_norm
+)
+for _backward_op in (_rms_norm_backward_op, _add_rms_norm_backward_op):
+    torch.library.register_autograd(_backward_op, _no_second_order)
+
+
+# forward(ctx, ...), not a separate setup_context: torch binds the default
+# arguments of a Function that has setup_context through inspect.signature on
+# every call, which cost more than the kernels at 1x4096.
+class _EagerRMSNorm(torch.autograd.Function):
+    """rmsnorm::rms_norm's autograd in eager mode, without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, input, shape, weight, eps, weight_offset):
+        output = _forward(_served_type(input, weight), input, shape, weight, eps, weight_offset)
+        _setup_rms_norm(ctx, (input, shape, weight, eps, weight_offset), output)
+        return output
+
+    backward = staticmethod(_rms_norm_grads)
+
+
+class _EagerAddRMSNorm(torch.autograd.Function):
+    """rmsnorm::add_rms_norm's autograd in eager mode, without the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, input, residual, shape, weight, eps, weight_offset):
+        kernel_type = _served_type(input, weight)
+        outputs = _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
+        _setup_add_rms_norm(ctx, (input, residual, shape, weight, eps, weight_offset), outputs)
+        return outputs
+
+    backward = staticmethod(_add_rms_norm_grads)
+
+
+def _offset_without_weight(weight_offset) -> ValueError:
+    return ValueError(
+        f"weight_offset={weight_offset} needs a weight: the factor is weight_offset + "
+        "weight, and there is no weight"
+    )
+
+
+def _factor(weight, weight_offset):
+    """weight_offset + weight for torch's functional, which has no offset (rounded there)."""
+    return weight if weight_offset == 0 else weight + weight_offset
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
+    """``torch.nn.functional.rms_norm`` on rmsnorm's kernels, with autograd.
+
+    ``weight_offset`` (0 in torch) is Gemma's 1 in ``(1 + weight)``: the
+    factor ``weight_offset + weight`` is formed exactly on the kernels'
+    path (torch's fallback rounds it first). Tensors the kernels do not
+    serve go to ``torch.nn.functional.rms_norm``.
+
+    >>> import torch, rmsnorm.torch
+    >>> rmsnorm.torch.rms_norm(torch.tensor([[3.0, 4.0]]), [2], eps=0.0)
+    tensor([[0.8485, 1.1314]])
+    """
+    shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
+    weight_offset = float(weight_offset)
+    if weight_offset and weight is None:
+        raise _offset_without_weight(weight_offset)
+    kernel_type = _kernel_type(input, weight)
+    if kernel_type is None or _functorch_transforms_active():
+        return torch.nn.functional.rms_norm(input, shape, _factor(weight, weight_offset), eps)
+    if _traced(input, weight):
+        return _rms_norm_op(input, shape, weight, eps, weight_offset)
+    if _records_grad(input, weight):
+        return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
+    return _forward(kernel_type, input, shape, weight, eps, weight_offset)
+
+
+def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
+    """A pre-norm block's residual add and RMSNorm, fused: ``(output, residual_out)``.
+
+    ``residual_out = input + residual``, rounded to the input's dtype, and
+    ``output = rms_norm(residual_out, ...)``: the same bytes as the two
+    steps, in one pass. ``residual`` must have the input's shape and dtype.
+    Autograd gives ``input`` and ``residual`` the same gradient.
+
+    >>> import torch, rmsnorm.torch
+    >>> x, residual = torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0, 1.0]])
+    >>> rmsnorm.torch.add_rms_norm(x, residual, [2], eps=0.0)
+    (tensor([[0.8485, 1.1314]]), tensor([[3., 4.]]))
+    """
+    shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
+    weight_offset = float(weight_offset)
+    if weight_offset and weight is None:
+        raise _offset_without_weight(weight_offset)
+    kernel_type = _kernel_type(input, weight)
+    if (
+        kernel_type is None
+        or _kernel_type(residual, weight) is None
+        or _functorch_transforms_active()
+    ):
+        residual_out = input + residual
+        factor = _factor(weight, weight_offset)
+        return torch.nn.functional.rms_norm(residual_out, shape, factor, eps), residual_out
+    if _traced(input, residual, weight):
+        return _add_rms_norm_op(input, residual, shape, weight, eps, weight_offset)
+    if _records_grad(input, residual, weight):
+        return _EagerAddRMSNorm.apply(input, residual, shape, weight, eps, weight_offset)
+    return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """``torch.nn.RMSNorm`` computed by rmsnorm's kernels.
+
+    The same constructor, ``weight`` parameter, ``state_dict`` keys and
+    repr, so checkpoints load either way; ``forward(x)`` calls
+    :func:`rms_norm`. ``forward(x, residual)`` is a pre-norm block's step:
+    ``(RMSNorm(x + residual), x + residual)``, fused (:func:`add_rms_norm`).
+    """
+
+    def forward(self, x, residual=None):
+        if residual is None:
+            return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return add_rms_norm(x, residual, self.normalized_shape, self.weight, self.eps)
+
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every module before compiling it.
+        raise RuntimeError(
+            "rmsnorm.torch.RMSNorm does not support torch.jit.script: its forward dispatches "
+            "in Python, which TorchScript cannot compile. Use torch.compile or torch.export, "
+            "or script a model with torch.nn.RMSNorm"
+        )
+
+
+def replace(model) -> int:
+    """Turns every ``torch.nn.RMSNorm`` in ``model`` (itself included) into
+    :class:`RMSNorm`, in place, and returns how many it turned.
+
+    Each module keeps its identity, parameters (the same Parameter
+    objects), buffers and hooks: only its class changes, as RMSNorm adds
+    no state. Subclasses of ``torch.nn.RMSNorm`` other than this one are
+    left alone, as their forward may differ.
+    """
+    replaced = 0
+    for module in model.modules():
+        if type(module) is torch.nn.RMSNorm:
+            module.__class__ = RMSNorm
+            replaced += 1
+    return replaced
