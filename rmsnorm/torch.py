@@ -145,11 +145,12 @@ def _default_eps(dtype) -> float:
     return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
 
 
-@functools.lru_cache(maxsize=16)
-def _ones(n: int, dtype):
+@functools.lru_cache(maxsize=None)  # one per dtype the kernels take
+def _one(dtype):
     # The unweighted norm is the weighted one with ones (multiplying by 1 is
-    # exact): one code path. A row of ones, kept for reuse, weight-sized.
-    return torch.ones(n, dtype=dtype)
+    # exact): one code path. The kernels read this one 1 with stride 0 as a
+    # row of ones of any length, which takes no memory.
+    return torch.ones(1, dtype=dtype)
 
 
 # Outputs from this size up are allocated by NumPy, which asks the OS for
@@ -191,9 +192,9 @@ def _operand(tensor, rows: int, n: int):
 def _weight_operand(weight, dtype, n: int):
     """The weight as one row of n (ones without a weight)."""
     if weight is None:
-        row = _ones(n, dtype)
-    else:
-        row = weight if weight.dim() == 1 else weight.reshape(n)
+        one = _one(dtype)
+        return one, (one.data_ptr(), 0)
+    row = weight if weight.dim() == 1 else weight.reshape(n)
     if row.stride(0) == 1:
         return row, row.data_ptr()
     return row, (row.data_ptr(), row.stride(0) * row.element_size())

@@ -25,19 +25,7 @@
 #include <stdint.h>
 
 #include "../kernels/rms_norm.h"
-
-/* Bytes per element of a storage kind. */
-static Py_ssize_t kind_size(rms_kind kind)
-{
-    switch (kind) {
-    case RMS_KIND_F64:
-        return 8;
-    case RMS_KIND_F32:
-        return 4;
-    default: /* float16, bfloat16 */
-        return 2;
-    }
-}
+#include "gufuncs.h"
 
 static int parse_address(PyObject *obj, char **address)
 {
@@ -110,14 +98,6 @@ static int check_problem(int type, Py_ssize_t rows, Py_ssize_t n, double eps, ep
     return 0;
 }
 
-static PyObject *no_memory(size_t bytes, const char *what, Py_ssize_t n)
-{
-    return PyErr_Format(PyExc_MemoryError,
-                        "rmsnorm could not allocate %zu bytes of scratch memory for %s, with "
-                        "rows of %zd elements",
-                        bytes, what, n);
-}
-
 PyObject *rms_forward_buffers(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -134,10 +114,10 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *args)
     if (check_problem(type, rows, n, eps, &eps_as_kind) < 0) {
         return NULL;
     }
-    const Py_ssize_t item = kind_size(rms_type_table[type].x);
+    const Py_ssize_t item = rms_kind_size(rms_type_table[type].x);
     rms_matrix x, weight, y, residual, residual_out;
     if (parse_matrix(x_obj, n, item, 0, &x) < 0 ||
-        parse_vector(weight_obj, kind_size(rms_type_table[type].weight), &weight) < 0 ||
+        parse_vector(weight_obj, rms_kind_size(rms_type_table[type].weight), &weight) < 0 ||
         parse_matrix(y_obj, n, item, 0, &y) < 0 ||
         parse_matrix(residual_obj, n, item, 1, &residual) < 0 ||
         parse_matrix(residual_out_obj, n, item, 1, &residual_out) < 0) {
@@ -163,7 +143,8 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *args)
     feclearexcept(FE_ALL_EXCEPT);
     Py_END_ALLOW_THREADS
     if (failed_bytes != 0) {
-        return no_memory(failed_bytes, "the weight offset added to the weight", n);
+        rms_raise_no_memory(failed_bytes, "the weight offset added to the weight", n);
+        return NULL;
     }
     Py_RETURN_NONE;
 }
@@ -185,8 +166,8 @@ PyObject *rms_backward_buffers(PyObject *module, PyObject *args)
     if (check_problem(type, rows, n, eps, &eps_as_kind) < 0) {
         return NULL;
     }
-    const Py_ssize_t item = kind_size(rms_type_table[type].x),
-                     weight_item = kind_size(rms_type_table[type].weight);
+    const Py_ssize_t item = rms_kind_size(rms_type_table[type].x),
+                     weight_item = rms_kind_size(rms_type_table[type].weight);
     rms_matrix grad_output, x, weight, grad_input, grad_weight, grad_residual_out;
     if (parse_matrix(grad_output_obj, n, item, 0, &grad_output) < 0 ||
         parse_matrix(x_obj, n, item, 0, &x) < 0 ||
@@ -214,7 +195,8 @@ PyObject *rms_backward_buffers(PyObject *module, PyObject *args)
     feclearexcept(FE_ALL_EXCEPT);
     Py_END_ALLOW_THREADS
     if (failed_bytes != 0) {
-        return no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);
+        rms_raise_no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);
+        return NULL;
     }
     Py_RETURN_NONE;
 }

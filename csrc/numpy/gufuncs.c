@@ -58,16 +58,16 @@ static int uses_bfloat16(rms_type type)
  */
 static void discard_fp_flags(void) { feclearexcept(FE_ALL_EXCEPT); }
 
-/* Raises MemoryError from a loop, which runs without the GIL. */
-/* A MemoryError that says how much the kernels asked for, and for what. */
-static void raise_no_memory(size_t bytes, const char *what, npy_intp n)
+/* A MemoryError that says how much the kernels asked for, and for what;
+   from a loop too, which runs without the GIL. */
+void rms_raise_no_memory(size_t bytes, const char *what, Py_ssize_t n)
 {
     NPY_ALLOW_C_API_DEF
     NPY_ALLOW_C_API
     PyErr_Format(PyExc_MemoryError,
                  "rmsnorm could not allocate %zu bytes of scratch memory for %s, with rows "
                  "of %zd elements",
-                 bytes, what, (Py_ssize_t)n);
+                 bytes, what, n);
     NPY_DISABLE_C_API
 }
 
@@ -124,7 +124,7 @@ static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const
     }
     const size_t failed_bytes = rms_norm_forward(params->type, &problem, dimensions[0]);
     if (failed_bytes != 0) {
-        raise_no_memory(failed_bytes, "the weight offset added to the weight", problem.n);
+        rms_raise_no_memory(failed_bytes, "the weight offset added to the weight", problem.n);
     }
     discard_fp_flags();
 }
@@ -167,7 +167,7 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
             rms_norm_backward(params->type, &problem, m,
                               args[grad_weight] + i * steps[grad_weight], grad_weight_core[0]);
         if (failed_bytes != 0) {
-            raise_no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);
+            rms_raise_no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);
             break;
         }
     }

@@ -12,6 +12,10 @@ int rms_add_gufuncs(PyObject *module);
    bfloat16. Returns 0, or -1 with an exception set. */
 int rms_register_bfloat16(PyObject *module, int type_num);
 
+/* Sets a MemoryError saying how many bytes of scratch the kernels could not
+   have and what for; takes the GIL where the caller does not hold it. */
+void rms_raise_no_memory(size_t bytes, const char *what, Py_ssize_t n);
+
 /* The (x, weight, eps) dtype names of every loop, in the order NumPy tries
    them: a new reference, or NULL with an exception set. */
 PyObject *rms_dtype_pairs(void);
