@@ -23,7 +23,8 @@
  *   - 0, -0, +-inf and NaN among the elements of every operand: x and the
  *     residual, the weight (forward and backward), grad_output and
  *     grad_residual_out; in half of those inputs without NaN, so that rows
- *     with infinities alone are common;
+ *     with infinities alone are common, and in half 8 times rarer, so that
+ *     rows with just one are;
  *   - float64 x of the whole range, rows of subnormals only (down to
  *     2^-1074 and its small multiples) and rows of 2^1022 to DBL_MAX;
  *     float64 grad_output subnormal, near 2^-1000 or near 2^1000;
@@ -228,32 +229,35 @@ static unsigned next_random(input *in)
 typedef enum {
     SPECIALS_NONE,
     SPECIALS_ALL,   /* 0, -0, inf, -inf, NaN, 1 */
-    SPECIALS_NO_NAN /* the same with inf for NaN: rows whose only non-finite values are infinities */
+    SPECIALS_NO_NAN /* the same with inf for NaN: rows whose only non-finite
+                       values are infinities */
 } specials_kind;
 
 /* Value ranges, as binary exponents. */
 typedef struct {
     int min_exponent, max_exponent;
     specials_kind specials;
+    /* specials 8 times rarer: rows with one, not several, are common */
+    int rare;
     /* 4-bit significands: sums of squares of a few binades are exact */
     int coarse;
 } value_class;
 
-static const value_class MODERATE = {-30, 30, SPECIALS_NONE, 0};
-static const value_class FLOAT32_RANGE = {-150, 127, SPECIALS_NONE, 0}; /* subnormals */
-static const value_class WIDE = {-600, 600, SPECIALS_NONE, 0};
-static const value_class EXTREME = {-1074, 1023, SPECIALS_NONE, 0};
+static const value_class MODERATE = {-30, 30, SPECIALS_NONE, 0, 0};
+static const value_class FLOAT32_RANGE = {-150, 127, SPECIALS_NONE, 0, 0}; /* subnormals */
+static const value_class WIDE = {-600, 600, SPECIALS_NONE, 0, 0};
+static const value_class EXTREME = {-1074, 1023, SPECIALS_NONE, 0, 0};
 /* float64 rows at either end of the range: subnormals only (2^-1074 and
    its small multiples at the bottom), and 2^1022 up to DBL_MAX itself */
-static const value_class F64_SUBNORMAL = {-1074, -1023, SPECIALS_NONE, 0};
-static const value_class F64_HUGE = {1022, 1023, SPECIALS_NONE, 0};
+static const value_class F64_SUBNORMAL = {-1074, -1023, SPECIALS_NONE, 0, 0};
+static const value_class F64_HUGE = {1022, 1023, SPECIALS_NONE, 0, 0};
 /* float64 grad_output near either end of the range */
-static const value_class F64_NEAR_MIN = {-1010, -990, SPECIALS_NONE, 0};
-static const value_class F64_NEAR_MAX = {990, 1010, SPECIALS_NONE, 0};
+static const value_class F64_NEAR_MIN = {-1010, -990, SPECIALS_NONE, 0, 0};
+static const value_class F64_NEAR_MAX = {990, 1010, SPECIALS_NONE, 0, 0};
 /* float16: moderate, and its whole range (subnormals, and overflow to inf
    at the top when the mantissa rounds up) */
-static const value_class HALF_MODERATE = {-12, 12, SPECIALS_NONE, 0};
-static const value_class HALF_RANGE = {-25, 15, SPECIALS_NONE, 0};
+static const value_class HALF_MODERATE = {-12, 12, SPECIALS_NONE, 0, 0};
+static const value_class HALF_RANGE = {-25, 15, SPECIALS_NONE, 0, 0};
 
 static double make_value(input *in, value_class range)
 {
@@ -261,10 +265,14 @@ static double make_value(input *in, value_class range)
     int negative = bits & 1;
     unsigned mantissa = (bits >> 1) & 0x7fff;
     unsigned exponent_index = bits >> 16;
-    if (range.specials != SPECIALS_NONE && exponent_index >= 250) {
+    if (range.specials != SPECIALS_NONE && exponent_index >= 250 &&
+        (!range.rare || (mantissa & 7) == 0)) {
         static const double specials[6] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1.0};
         const double special = specials[exponent_index - 250];
         return range.specials == SPECIALS_NO_NAN && isnan(special) ? INFINITY : special;
+    }
+    if (exponent_index >= 250) {
+        exponent_index -= 238; /* an ordinary value after all */
     }
     if (exponent_index < 12) {
         return negative ? -0.0 : 0.0; /* zeros are common in real data */
@@ -1150,7 +1158,8 @@ static void run_backward(const shape *s, input *in)
         int finite = isfinite(eps);
         for (ptrdiff_t i = 0; i < n; i++) {
             const long double v = value_at(&x, r, i);
-            const long double g = value_at(&grad_output, r, i) * (factor_offset + value_at(&w, 0, i));
+            const long double g =
+                value_at(&grad_output, r, i) * (factor_offset + value_at(&w, 0, i));
             if (!isfinite(v) || !isfinite(g)) {
                 finite = 0;
                 continue;
@@ -1394,8 +1403,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     s.threads = 1 + (int)((header >> 24) & 3);
     int weight_specials = (header >> 26) & 1;
     int grad_specials = (header >> 27) & 1;
-    /* in half of the inputs with specials, infinities but no NaN */
+    /* in half of the inputs with specials, infinities but no NaN; in half,
+       specials 8 times rarer (1 element in 340) */
     const specials_kind specials = (header >> 28) & 1 ? SPECIALS_NO_NAN : SPECIALS_ALL;
+    const int rare_specials = (header >> 29) & 1;
     unsigned classes = take(&in, 1);
     if (!rms_isa_supported((rms_isa)s.isa)) {
         s.isa = RMS_ISA_BASELINE;
@@ -1416,23 +1427,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* x: moderate, or the type's full range (for float64, one of four) */
     s.x_range = classes % 4 < 2 ? moderate_for(xk) : full_range_for(xk, (classes >> 3) & 3);
     s.x_range.specials = x_specials ? specials : SPECIALS_NONE;
+    s.x_range.rare = rare_specials;
     /* weight: small, or wide (float16's own range for a float16 weight);
        +-inf (and 0, NaN) among them with weight_specials */
     if ((classes >> 2) & 1) {
-        s.weight_range = wk == RMS_KIND_F16 ? HALF_RANGE : (value_class){-126, 100, SPECIALS_NONE, 0};
+        s.weight_range =
+            wk == RMS_KIND_F16 ? HALF_RANGE : (value_class){-126, 100, SPECIALS_NONE, 0, 0};
     }
     else {
-        s.weight_range = (value_class){-10, 10, SPECIALS_NONE, 0};
+        s.weight_range = (value_class){-10, 10, SPECIALS_NONE, 0, 0};
     }
     s.grad_range = grad_range_for(xk, classes >> 5);
     s.grad_range.specials = grad_specials ? specials : SPECIALS_NONE;
+    s.grad_range.rare = rare_specials;
     if (backward) {
-        s.weight_range = (value_class){-10, 10, SPECIALS_NONE, 0}; /* keeps g * x within double */
+        /* keeps g * x within double */
+        s.weight_range = (value_class){-10, 10, SPECIALS_NONE, 0, 0};
         s.weight_range.specials = weight_specials ? specials : SPECIALS_NONE;
+        s.weight_range.rare = rare_specials;
         run_backward(&s, &in);
     }
     else {
         s.weight_range.specials = weight_specials ? specials : SPECIALS_NONE;
+        s.weight_range.rare = rare_specials;
         run_forward(&s, &in);
     }
     return 0;
