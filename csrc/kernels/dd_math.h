@@ -57,12 +57,23 @@ RMS_ALWAYS_INLINE rms_dd rms_dd_sum_lanes(int count, double *sum, double *comp)
 }
 
 /* 1 / sqrt(t.hi + t.lo) as hi + lo, good to well past double precision:
-   the float64 write pass multiplies by both parts. */
+   the float64 write pass multiplies by both parts. A t outside [2^-900,
+   2^900] is scaled by 2^-+1000 first (exact): the Newton step squares r,
+   which overflows for t below 2^-1024 and goes subnormal, losing bits,
+   for t above 2^990. */
 static inline rms_dd rms_dd_rsqrt(rms_dd t)
 {
     rms_dd r = {1.0 / sqrt(t.hi), 0.0};
     if (!(t.hi > 0.0) || !(r.hi > 0.0) || isinf(t.hi)) {
         return r; /* 0, negative, NaN or inf: nothing to refine */
+    }
+    if (t.hi < 0x1p-900 || t.hi > 0x1p900) {
+        const int half = t.hi < 1.0 ? 500 : -500;
+        rms_dd scaled = {ldexp(t.hi, 2 * half), ldexp(t.lo, 2 * half)};
+        r = rms_dd_rsqrt(scaled);
+        r.hi = ldexp(r.hi, half);
+        r.lo = ldexp(r.lo, half);
+        return r;
     }
     /* Newton step r += r * (1 - t r^2) / 2, with t r^2 formed exactly. */
     double r2 = r.hi * r.hi;

@@ -422,6 +422,19 @@ static inline int rms_scaled_inv_in_range(rms_scaled_inv s)
     return binade >= -960 && binade <= 960;
 }
 
+/* The same inv_rms with inv in [0.5, 1): where eps dominates mean(x^2),
+   the scaled row's inv is far from 1, and its powers would overflow or
+   underflow. inv positive and finite. */
+static inline rms_scaled_inv rms_scaled_inv_normalised(rms_scaled_inv s)
+{
+    int binade;
+    frexp(s.inv.hi, &binade);
+    s.inv.hi = ldexp(s.inv.hi, -binade);
+    s.inv.lo = ldexp(s.inv.lo, -binade);
+    s.exponent += binade;
+    return s;
+}
+
 static inline rms_dd rms_scaled_inv_value(rms_scaled_inv s)
 {
     rms_dd value = {ldexp(s.inv.hi, s.exponent), ldexp(s.inv.lo, s.exponent)};
@@ -1053,7 +1066,8 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
     if (rms_sum_needs_rescale(sum_squares.hi)) {
         const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
         if (xk == RMS_KIND_F64 && !rms_scaled_inv_in_range(scaled)) {
-            return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys, scaled, next);
+            return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys,
+                                           rms_scaled_inv_normalised(scaled), next);
         }
         inv_rms = rms_scaled_inv_value(scaled);
     }
@@ -1435,9 +1449,13 @@ RMS_ALWAYS_INLINE void rms_store_scalar(rms_kind kind, char *p, double v)
     rms_store_narrowed(kind, p, 0, 1, &block, 0);
 }
 
-/* a * 2^a_exponent - b * 2^b_exponent, rounded. */
+/* a * 2^a_exponent - b * 2^b_exponent, rounded. A zero's exponent says
+   nothing, and must not scale the other term away. */
 static inline double rms_scaled_difference(double a, int a_exponent, double b, int b_exponent)
 {
+    if (a == 0.0 || b == 0.0) {
+        return ldexp(a, a_exponent) - ldexp(b, b_exponent);
+    }
     if (a_exponent >= b_exponent) {
         return ldexp(a - ldexp(b, b_exponent - a_exponent), a_exponent);
     }
@@ -1459,8 +1477,8 @@ static inline double rms_scaled_difference(double a, int a_exponent, double b, i
  *
  * where go, w, x and inv (inv_rms = inv * 2^k) stand for significands
  * and E_j is the sum of go_j's, w_j's and x_j's exponents. Returns 0,
- * having written nothing, where an input or inv_rms is not finite: the
- * vector path gives torch's non-finite results there.
+ * having written nothing, where an input is not finite or inv_rms is
+ * inf or NaN: the vector path gives torch's non-finite results there.
  */
 RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *grad_output,
                                           ptrdiff_t grad_output_stride, const char *x,
@@ -1476,10 +1494,24 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
             return 0;
         }
     }
-    const double inv = scaled.inv.hi + scaled.inv.lo;
-    if (!(inv > 0.0) || isinf(inv)) {
+    if (scaled.inv.hi == 0.0) {
+        /* eps = +inf: inv_rms is 0, and so is every gradient's own term,
+           however far sum(g w x) is past DBL_MAX (torch's 0 * inf is NaN) */
+        for (ptrdiff_t i = 0; i < n; i++) {
+            const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
+            double out = go * w[i] * 0.0;
+            if (gr.add_residual) {
+                out += rms_load_scalar(xk, rms_element(gr.data, i, gr.stride));
+            }
+            rms_store_scalar(xk, rms_element_out(grad_input, i, grad_input_stride), out);
+        }
+        return 1;
+    }
+    if (!(scaled.inv.hi > 0.0) || isinf(scaled.inv.hi)) {
         return 0;
     }
+    scaled = rms_scaled_inv_normalised(scaled);
+    const double inv = scaled.inv.hi + scaled.inv.lo;
     const int k = scaled.exponent;
     /* E_max first, then S over the terms scaled by it, in index order */
     int e_max = INT_MIN;
@@ -1493,16 +1525,18 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
             e_max = e_go + e_w + e_x;
         }
     }
-    double sum = 0.0;
+    double sum = 0.0, sum_err = 0.0; /* compensated: n may be large */
     for (ptrdiff_t j = 0; e_max != INT_MIN && j < n; j++) {
         int e_go, e_w, e_x;
         const double go_sig =
             frexp(rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride)), &e_go);
         const double term = go_sig * frexp(w[j], &e_w) *
                             frexp(rms_load_scalar(xk, rms_element(x, j, xs)), &e_x) * inv;
-        sum += ldexp(term, e_go + e_w + e_x - e_max);
+        double err;
+        sum = rms_two_sum(sum, ldexp(term, e_go + e_w + e_x - e_max), &err);
+        sum_err += err;
     }
-    const double mean = sum / (double)n;
+    const double mean = (sum + sum_err) / (double)n;
     for (ptrdiff_t i = 0; i < n; i++) {
         int e_go, e_w, e_x;
         const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
