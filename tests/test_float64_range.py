@@ -73,7 +73,9 @@ def _exact_forward(x, weight, eps, offset=0.0):
 
 
 def _exact_backward(grad_output, x, weight, eps):
-    grad_input = np.empty_like(x)
+    """grad_input and grad_weight, and the size of the two terms grad_input
+    is the difference of, where it cancels."""
+    grad_input, terms = np.empty_like(x), np.empty_like(x)
     grad_weight = [Decimal(0)] * x.shape[1]
     with localcontext(WIDE):
         for r, (g_row, row) in enumerate(zip(grad_output, x)):
@@ -85,17 +87,22 @@ def _exact_backward(grad_output, x, weight, eps):
             dot = sum(a * b * c for a, b, c in zip(g, w, values))
             grad_input[r] = [float(inv * a * b - c * inv**3 * dot / n)
                              for a, b, c in zip(g, w, values)]
+            terms[r] = [float(max(abs(inv * a * b), abs(c * inv**3 * dot / n)))
+                        for a, b, c in zip(g, w, values)]
             grad_weight = [s + a * c * inv for s, a, c in zip(grad_weight, g, values)]
-        return grad_input, np.array([float(s) for s in grad_weight])
+        return grad_input, np.array([float(s) for s in grad_weight]), terms
 
 
-def _assert_close_to_exact(ours, exact, what, ulps=8):
+def _assert_close_to_exact(ours, exact, what, ulps=8, terms=None):
     """Equal infinities where the exact value overflows; elsewhere within
-    `ulps` ULPs of the row's largest exact element."""
+    `ulps` ULPs of the row's largest exact element, or of the terms it is
+    the difference of where those are larger (a cancelling gradient)."""
     assert np.array_equal(np.isinf(ours), np.isinf(exact)), f"{what}: {ours} vs {exact}"
     assert not np.isnan(ours).any(), f"{what}: NaN in {ours}"
     finite = np.isfinite(exact)
     scale = np.max(np.abs(np.where(finite, exact, 0.0)), axis=-1, keepdims=True)
+    if terms is not None:
+        scale = np.maximum(scale, np.where(np.isfinite(terms), terms, 0.0))
     bound = ulps * np.spacing(scale) + np.finfo(np.float64).smallest_subnormal
     bound = np.broadcast_to(bound, exact.shape)
     error = np.abs(np.subtract(ours, exact, out=np.zeros_like(ours), where=finite))
@@ -128,6 +135,61 @@ def test_gradients_are_near_the_exact_ones(case, grad_case, isa):
     grad_output = _row(GRAD_SCALES[grad_case], seed=7)
     with np.errstate(all="raise"):
         grad_input, grad_weight = rmsnorm.rms_norm_backward(grad_output, x, N, weight, eps=0.0)
-    exact_input, exact_weight = _exact_backward(grad_output, x, weight, 0.0)
-    _assert_close_to_exact(grad_input, exact_input, "grad_input")
+    exact_input, exact_weight, terms = _exact_backward(grad_output, x, weight, 0.0)
+    _assert_close_to_exact(grad_input, exact_input, "grad_input", terms=terms)
     _assert_close_to_exact(grad_weight, exact_weight, "grad_weight")
+
+
+# Rows the fuzzer (tests/fuzz/fuzz_rms_norm.c) found wrong, each a different
+# step: (grad_output, x, weight, eps).
+FOUND_BY_THE_FUZZER = {
+    # a row of zeros with a subnormal eps: 1 / sqrt(eps) squared overflowed
+    "zeros_with_subnormal_eps": ([[1.0, 1.0]], [[0.0, 0.0]], [1.0, 1.0], 5e-324),
+    # a zero element: its exponent scaled the other term away
+    "a_zero_factor": ([[1.0, 2.0**-60]], [[2.0**-1022, 0.0]], [1.0, 1.0], 0.0),
+    "a_zero_factor_nearer": ([[1.0, 2.0**-30]], [[2.0**-1022, 0.0]], [1.0, 1.0], 0.0),
+    # eps dominating mean(x^2): the scaled 1 / rms far from 1, its cube lost
+    "eps_dominates_a_tiny_row": ([[1.0, 0.0]], [[2.0**-1021, -2.0**-1050]], [1.0, 1.0],
+                                 2.0**-1045),
+    "eps_dominates_a_huge_gradient": (
+        [[-5.5897119541143962e301, 8.3353324245899226e303]],
+        [[-6.098281499952841e-60, 1.549914853115986e117]],
+        [-509.359375, -0.0062578916549682617], 1e300),
+    "eps_dominates_a_subnormal_row": ([[1.0, 1.0]], [[2.0**-1060, 2.0**-1070]], [1.0, 1.0],
+                                      1e-300),
+    # eps = inf: every gradient is 0, though sum(g w x) passes DBL_MAX
+    "eps_inf_with_an_overflowing_sum": ([[1e300, 1e300]], [[1e300, 1e300]], [1.0, 1.0],
+                                        np.inf),
+}
+
+
+@pytest.mark.parametrize("case", FOUND_BY_THE_FUZZER)
+def test_rows_the_fuzzer_found(case, isa):
+    grad_output, x, weight, eps = (np.array(v, dtype=np.float64) if isinstance(v, list) else v
+                                   for v in FOUND_BY_THE_FUZZER[case])
+    n = x.shape[-1]
+    with np.errstate(all="raise"):
+        y = rmsnorm.rms_norm(x, n, weight, eps=eps)
+        grad_input, grad_weight = rmsnorm.rms_norm_backward(grad_output, x, n, weight, eps=eps)
+    if np.isinf(eps):
+        np.testing.assert_array_equal(y, np.zeros_like(x))
+        np.testing.assert_array_equal(grad_input, np.zeros_like(x))
+        np.testing.assert_array_equal(grad_weight, np.zeros_like(weight))
+        return
+    np.testing.assert_array_equal(y, _exact_forward(x, weight, eps))
+    exact_input, exact_weight, terms = _exact_backward(grad_output, x, weight, eps)
+    _assert_close_to_exact(grad_input, exact_input, "grad_input", terms=terms)
+    _assert_close_to_exact(grad_weight, exact_weight, "grad_weight")
+
+
+def test_a_long_subnormal_row_keeps_its_gradients_within_a_few_ulp(isa):
+    # mean(g * x_hat) over many elements: the per-element path's sum is
+    # compensated, so its error does not grow with n.
+    rng = np.random.default_rng(11)
+    x = np.ldexp(rng.uniform(-1.0, 1.0, (1, 212)), -1040)
+    grad_output = rng.standard_normal((1, 212))
+    weight = rng.uniform(0.5, 2.0, 212)
+    grad_input, grad_weight = rmsnorm.rms_norm_backward(grad_output, x, 212, weight, eps=0.0)
+    exact_input, exact_weight, terms = _exact_backward(grad_output, x, weight, 0.0)
+    _assert_close_to_exact(grad_input, exact_input, "grad_input", ulps=4, terms=terms)
+    _assert_close_to_exact(grad_weight, exact_weight, "grad_weight", ulps=4)
