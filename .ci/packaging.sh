@@ -86,8 +86,9 @@ runtime = [r for r in requires if "extra ==" not in r]
 if [r.split(";")[0].replace(" ", "") for r in runtime] != ["numpy>=1.23"]:
     problems.append(f"the runtime requirements should be numpy>=1.23 alone, got {runtime}")
 for requirement in requires:
-    if requirement.startswith("torch") and 'extra == "test"' not in requirement:
-        problems.append(f"torch outside the test extra: {requirement}")
+    if requirement.startswith("torch") and not any(
+            f'extra == "{extra}"' in requirement for extra in ("test", "torch")):
+        problems.append(f"torch outside the test and torch extras: {requirement}")
 extras = set(metadata.get_all("Provides-Extra") or [])
 if not {"test", "bfloat16", "dask"} <= extras:
     problems.append(f"extras should include test, bfloat16 and dask, got {sorted(extras)}")
