@@ -8,10 +8,11 @@ double, and of a row near 2^1023 is subnormal; sum(grad_output * w * x)
 leaves the range when grad_output is near either end too. The exact values
 are none of these: y = x / rms lies within sqrt(n) of 0 for every row.
 
-The reference is decimal arithmetic at 60 digits and an exponent range far
-past double's, rounded once to the nearest double (float() of a Decimal is
-correctly rounded), so it needs no float64 step that could itself
-overflow.
+The reference is decimal arithmetic at 2,000 digits, which holds every
+double and its square exactly (so terms past DBL_MAX that cancel still
+cancel), with an exponent range far past double's, rounded once to the
+nearest double (float() of a Decimal is correctly rounded): no float64
+step of its own can overflow.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 import rmsnorm
 
 N = 7
-WIDE = Context(prec=60, Emin=-99999, Emax=99999)
+WIDE = Context(prec=2000, Emin=-99999, Emax=99999)
 
 # Rows by the binade of their largest element, from the smallest subnormal
 # to the largest finite double.
@@ -140,9 +141,9 @@ def test_gradients_are_near_the_exact_ones(case, grad_case, isa):
     _assert_close_to_exact(grad_weight, exact_weight, "grad_weight")
 
 
-# Rows the fuzzer (tests/fuzz/fuzz_rms_norm.c) found wrong, each a different
-# step: (grad_output, x, weight, eps).
-FOUND_BY_THE_FUZZER = {
+# Rows once found wrong, by the fuzzer (tests/fuzz/fuzz_rms_norm.c) or by
+# review, each a different step: (grad_output, x, weight, eps).
+ROWS_ONCE_WRONG = {
     # a row of zeros with a subnormal eps: 1 / sqrt(eps) squared overflowed
     "zeros_with_subnormal_eps": ([[1.0, 1.0]], [[0.0, 0.0]], [1.0, 1.0], 5e-324),
     # a zero element: its exponent scaled the other term away
@@ -160,13 +161,19 @@ FOUND_BY_THE_FUZZER = {
     # eps = inf: every gradient is 0, though sum(g w x) passes DBL_MAX
     "eps_inf_with_an_overflowing_sum": ([[1e300, 1e300]], [[1e300, 1e300]], [1.0, 1.0],
                                         np.inf),
+    "eps_inf_with_an_overflowing_product": ([[1e300]], [[1.0]], [1e10], np.inf),
+    # a rescaled row whose every g * w * x underflows: sum(g w x) is 0
+    "a_dot_that_underflows_whole": ([[2.0**-600, 0.0]], [[2.0**-600, 2.0**-601]], [1.0, 1.0],
+                                    0.0),
+    # inv_rms and sum(g w x) each in range, their product past DBL_MAX
+    "a_mean_past_the_largest_double": ([[2.0**1023] * 4], [[2.0**-960] * 4], [1.0] * 4, 0.0),
 }
 
 
-@pytest.mark.parametrize("case", FOUND_BY_THE_FUZZER)
-def test_rows_the_fuzzer_found(case, isa):
+@pytest.mark.parametrize("case", ROWS_ONCE_WRONG)
+def test_rows_once_found_wrong(case, isa):
     grad_output, x, weight, eps = (np.array(v, dtype=np.float64) if isinstance(v, list) else v
-                                   for v in FOUND_BY_THE_FUZZER[case])
+                                   for v in ROWS_ONCE_WRONG[case])
     n = x.shape[-1]
     with np.errstate(all="raise"):
         y = rmsnorm.rms_norm(x, n, weight, eps=eps)

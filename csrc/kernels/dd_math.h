@@ -116,7 +116,7 @@ static inline rms_dd rms_inv_rms_from_sum(rms_dd sum_squares, double n, double e
 static inline double rms_dd_ldexp(double s, double t, int k)
 {
     const double r = ldexp(s, k);
-    if (!(fabs(r) < 0x1p-1022) || t == 0.0) {
+    if (!(fabs(r) <= 0x1p-1022) || t == 0.0) { /* DBL_MIN itself may be a tie's */
         return r;
     }
     const double off = s - ldexp(r, -k); /* exact: both on s's grid */

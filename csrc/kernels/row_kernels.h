@@ -1499,7 +1499,7 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
            however far sum(g w x) is past DBL_MAX (torch's 0 * inf is NaN) */
         for (ptrdiff_t i = 0; i < n; i++) {
             const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
-            double out = go * w[i] * 0.0;
+            double out = go * 0.0 * w[i]; /* 0 even where go * w would overflow */
             if (gr.add_residual) {
                 out += rms_load_scalar(xk, rms_element(gr.data, i, gr.stride));
             }
@@ -1556,13 +1556,26 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
 }
 
 /* Whether a backward row goes to rms_backward_row_extreme: inv_rms left
-   the range where the vector path is exact enough, or sum(g w x) is past
-   2^900 (inf and NaN included), or non-zero and below 2^-900. */
+   the range where the vector path is exact enough; sum(g w x) is past
+   2^900 (inf and NaN included), or non-zero and below 2^-900; mean(g
+   x_hat) = inv_rms * sum / n would leave 2^+-960, though each factor is in
+   range; or the row was rescaled (elements below about 2^-450) and its sum
+   is 0, which may be every product underflowing rather than a true 0. */
 RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_scaled_inv inv_rms, rms_dd sum_g_x)
 {
     const double dot = fabs(sum_g_x.hi);
-    return !(dot <= 0x1p900) || (dot != 0.0 && dot < 0x1p-900) ||
-           !rms_scaled_inv_in_range(inv_rms);
+    if (!(dot <= 0x1p900) || (dot != 0.0 && dot < 0x1p-900) ||
+        !rms_scaled_inv_in_range(inv_rms)) {
+        return 1;
+    }
+    if (!(inv_rms.inv.hi > 0.0) || isinf(inv_rms.inv.hi)) {
+        return 0; /* 0, inf or NaN: the vector path has torch's results */
+    }
+    if (dot == 0.0) {
+        return inv_rms.exponent != 0;
+    }
+    const int mean_binade = ilogb(dot) + ilogb(inv_rms.inv.hi) + inv_rms.exponent;
+    return mean_binade < -960 || mean_binade > 960;
 }
 
 /* One row of the backward. A streamed output's write loop also asks for

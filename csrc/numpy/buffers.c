@@ -85,7 +85,9 @@ typedef union {
 
 static int check_problem(int type, Py_ssize_t rows, Py_ssize_t n, double eps, eps_value *value)
 {
-    if (type < 0 || type >= RMS_NUM_TYPES || rows < 0 || n < 1) {
+    /* sizes whose byte counts fit: the kernels multiply them out */
+    if (type < 0 || type >= RMS_NUM_TYPES || rows < 0 || n < 1 || n > PY_SSIZE_T_MAX / 8 ||
+        rows > PY_SSIZE_T_MAX / 8 / n) {
         PyErr_Format(PyExc_ValueError, "no kernel problem: type %d, %zd rows of %zd", type,
                      rows, n);
         return -1;
