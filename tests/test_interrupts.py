@@ -84,9 +84,13 @@ def test_keyboard_interrupt_in_a_loop_of_calls_leaves_the_module_usable(delay,
 
 
 CHILD = textwrap.dedent("""\
-    import sys, time
+    import signal, sys, time
     import numpy as np
     import rmsnorm
+
+    # A process started in the background of a shell inherits SIGINT
+    # ignored, and Python then leaves it so: take Python's own handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     rng = np.random.default_rng(9)
     x = rng.standard_normal((256, 4096)).astype(np.float32)
