@@ -40,6 +40,7 @@ ROW_SCALES = {
 }
 GRAD_SCALES = {
     "grad_output_subnormal": 2.0**-1050,
+    "grad_output_near_the_smallest": 2.0**-1068,
     "grad_output_tiny": 2.0**-1000,
     "grad_output_ordinary": 1.0,
     "grad_output_huge": 2.0**1000,
@@ -165,6 +166,12 @@ ROWS_ONCE_WRONG = {
     # a rescaled row whose every g * w * x underflows: sum(g w x) is 0
     "a_dot_that_underflows_whole": ([[2.0**-600, 0.0]], [[2.0**-600, 2.0**-601]], [1.0, 1.0],
                                     0.0),
+    # a row of normal numbers whose every g * w * x underflows: the sum is 0
+    # in double, but mean(g * x_hat) is not (exactly [[2^-1061, -2^-1061]])
+    "a_dot_that_underflows_in_a_plain_row": ([[2.0**-1070, 0.0]], [[2.0**-10, 2.0**-10]],
+                                             [1.0, 1.0], 0.0),
+    "a_dot_that_underflows_in_a_long_row": ([[2.0**-1070] + [0.0] * 99],
+                                            [[2.0**-10] * 100], [1.0] * 100, 0.0),
     # inv_rms and sum(g w x) each in range, their product past DBL_MAX
     "a_mean_past_the_largest_double": ([[2.0**1023] * 4], [[2.0**-960] * 4], [1.0] * 4, 0.0),
 }

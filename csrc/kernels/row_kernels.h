@@ -1555,13 +1555,39 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
     return 1;
 }
 
+/* Whether some g_j w_j x_j of a float64 row is not 0: where their sum in
+   double is 0, every product may have underflowed (grad_output near
+   2^-1070) rather than cancelled, and mean(g x_hat) is then not the 0 the
+   vector path would take. */
+RMS_NOINLINE int rms_row_has_a_product(ptrdiff_t n, const char *grad_output,
+                                       ptrdiff_t grad_output_stride, const char *x, ptrdiff_t xs,
+                                       const double *w)
+{
+    for (ptrdiff_t j = 0; j < n; j++) {
+        const double go =
+            rms_load_scalar(RMS_KIND_F64, rms_element(grad_output, j, grad_output_stride));
+        const double xj = rms_load_scalar(RMS_KIND_F64, rms_element(x, j, xs));
+        if (go != 0.0 && xj != 0.0 && w[j] != 0.0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Whether a backward row goes to rms_backward_row_extreme: inv_rms left
    the range where the vector path is exact enough; sum(g w x) is past
    2^900 (inf and NaN included), or non-zero and below 2^-900; mean(g
    x_hat) = inv_rms * sum / n would leave 2^+-960, though each factor is in
-   range; or the row was rescaled (elements below about 2^-450) and its sum
-   is 0, which may be every product underflowing rather than a true 0. */
-RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_scaled_inv inv_rms, rms_dd sum_g_x)
+   range; or the sum is 0 where that may be every product underflowing
+   rather than a true 0: in a rescaled row (elements below about 2^-450),
+   or in a float64 row with a product that is not 0. Narrower rows need no
+   such test: what their products lose is far below their outputs' least
+   subnormal. */
+RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_kind xk, ptrdiff_t n,
+                                                  const char *grad_output,
+                                                  ptrdiff_t grad_output_stride, const char *x,
+                                                  ptrdiff_t xs, const double *w,
+                                                  rms_scaled_inv inv_rms, rms_dd sum_g_x)
 {
     const double dot = fabs(sum_g_x.hi);
     if (!(dot <= 0x1p900) || (dot != 0.0 && dot < 0x1p-900) ||
@@ -1572,7 +1598,9 @@ RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_scaled_inv inv_rms, rms_dd
         return 0; /* 0, inf or NaN: the vector path has torch's results */
     }
     if (dot == 0.0) {
-        return inv_rms.exponent != 0;
+        return inv_rms.exponent != 0 ||
+               (xk == RMS_KIND_F64 &&
+                rms_row_has_a_product(n, grad_output, grad_output_stride, x, xs, w));
     }
     const int mean_binade = ilogb(dot) + ilogb(inv_rms.inv.hi) + inv_rms.exponent;
     return mean_binade < -960 || mean_binade > 960;
@@ -1613,7 +1641,8 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
     else {
         scaled.inv = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
     }
-    if (rms_backward_row_is_extreme(scaled, sum_g_x) &&
+    if (rms_backward_row_is_extreme(xk, n, grad_output, grad_output_stride, x, xs, w, scaled,
+                                    sum_g_x) &&
         rms_backward_row_extreme(xk, n, grad_output, grad_output_stride, x, xs, w, scaled, gr,
                                  grad_input, grad_input_stride, grad_weight)) {
         return;

@@ -95,24 +95,12 @@
 #include "../../csrc/kernels/thread_pool.h"
 
 /*
- * A known gap, allowed for unless compiled with its macro set to 0:
- *   FUZZ_ALLOW_F64_DOT_UNDERFLOW: a float64 row whose every g * x is below
- *     double's subnormals has sum(g * x) = 0 in double, which does not send
- *     it to the per-element path (rms_backward_row_extreme), and
- *     mean(g * x_hat) is taken as 0. grad_output [[2^-1070, 0]], x
- *     [[2^-10, 2^-10]], weight [1, 1], eps 0: grad_input [[2^-1060, 0]],
- *     exactly [[2^-1061, -2^-1061]]. Allowed: the term inv_rms * x_hat_i *
- *     mean(g * x_hat), where the terms of sum(g * x) add up to less than
- *     2^-1070.
- * The other float64 edge cases this harness found (a zero row with a
- * subnormal eps, mean(x^2) + eps past 2^990, a zero factor, eps dominating
- * mean(x^2), the per-element path's plain sum, eps = inf with sum(g * x)
- * past DBL_MAX) are fixed, each a case in tests/test_float64_range.py, and
- * checked here at the usual bounds.
+ * The float64 edge cases this harness found (a zero row with a subnormal
+ * eps, mean(x^2) + eps past 2^990, a zero factor, eps dominating mean(x^2),
+ * the per-element path's plain sum, eps = inf with sum(g * x) past DBL_MAX,
+ * a row whose every g * x underflows) are fixed, each a case in
+ * tests/test_float64_range.py, and checked here at the usual bounds.
  */
-#ifndef FUZZ_ALLOW_F64_DOT_UNDERFLOW
-#define FUZZ_ALLOW_F64_DOT_UNDERFLOW 1
-#endif
 
 /* 4 * 2^-1075: a few roundings of a subnormal double, in absolute terms. */
 #define SUBNORMAL_FLOOR 0x1p-1073L
@@ -1135,12 +1123,11 @@ static void run_backward(const shape *s, input *in)
         /* The kernels' vector path has subnormal intermediates, which
            inv_rms multiplies; float64 rows whose inv_rms or sum(g * x)
            leaves 2^+-960 or 2^+-900 (here with a margin) go to a path that
-           forms every product from significands and has none, unless their
-           sum(g * x), below 2^-1000, may underflow to 0 in double. */
+           forms every product from significands and has none. */
         const int vector_path =
             t->x != RMS_KIND_F64 ||
             !(inv_rms >= 0x1p962L || inv_rms < 0x1p-961L || fabsl(dot) > 0x1p902L ||
-              (fabsl(dot) >= 0x1p-1000L && fabsl(dot) < 0x1p-902L));
+              (dot != 0 && fabsl(dot) < 0x1p-902L));
         for (ptrdiff_t i = 0; i < n; i++) {
             long double v = value_at(&x, r, i), dy = value_at(&grad_output, r, i);
             long double g = dy * (factor_offset + value_at(&w, 0, i)), x_hat = v * inv_rms;
@@ -1150,9 +1137,6 @@ static void run_backward(const shape *s, input *in)
             long double terms = inv_rms * (fabsl(g) + fabsl(x_hat) * mean_abs) + fabsl(added);
             long double floor =
                 ((vector_path ? inv_rms : 0) * (fabsl(mean_g_x_hat) + 2) + 1) * floor_unit;
-            if (FUZZ_ALLOW_F64_DOT_UNDERFLOW && t->x == RMS_KIND_F64 && dot_abs < 0x1p-1070L) {
-                floor += inv_rms * fabsl(x_hat * mean_g_x_hat);
-            }
             if (r % row_step == 0 && isinf(added) && fabsl(gradient) > DBL_MAX) {
                 /* an infinite grad_residual_out added to a gradient past
                    double's range: torch's gradient, in double, is inf,
