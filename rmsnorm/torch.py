@@ -74,30 +74,36 @@ from .functional import input_shape_error, weight_shape_error
 
 __all__ = ["RMSNorm", "add_rms_norm", "replace", "rms_norm"]
 
-# (input dtype, weight dtype) -> the kernels' type index, from the C type
-# list (csrc/kernels/types.h) in its order.
-_KERNEL_TYPES = {
-    (getattr(torch, x), getattr(torch, weight)): index
-    for index, (x, weight, _eps) in enumerate(_core.dtype_pairs)
-}
-
-# eps=None is the machine epsilon of the compute type, float64's for float64
-# input and float32's for the rest, as torch's default.
-_FLOAT32_EPS = torch.finfo(torch.float32).eps
-_FLOAT64_EPS = torch.finfo(torch.float64).eps
+# input dtype -> weight dtype -> the kernels' type index, from the C type
+# list (csrc/kernels/types.h) in its order. Nested, as two lookups of a
+# dtype cost less than one of a tuple at a decoding step's size.
+_KERNEL_TYPES: dict = {}
+for _index, (_x, _weight, _eps) in enumerate(_core.dtype_pairs):
+    _KERNEL_TYPES.setdefault(getattr(torch, _x), {})[getattr(torch, _weight)] = _index
+del _index, _x, _weight, _eps
+_NO_KERNEL_TYPES: dict = {}
+_STRIDED = torch.strided
+# By type index: the bytes of an input element, and eps=None's value (the
+# machine epsilon of the compute type, float64's for float64 input and
+# float32's for the rest, as torch's default). A given eps goes to the C as
+# it is, which rounds it to float32 unless the input is float64, as torch
+# does.
+_ITEM_SIZES = [getattr(torch, x).itemsize for x, _, _ in _core.dtype_pairs]
+_DEFAULT_EPS = [torch.finfo(getattr(torch, eps)).eps for _, _, eps in _core.dtype_pairs]
 
 
 def _kernel_type(input, weight):
     """The kernels' type index for these tensors, or None where torch serves them."""
+    if not (input.is_cpu and input.layout is _STRIDED):
+        return None
+    x_dtype = input.dtype
     if weight is None:
-        weight_dtype = input.dtype
-    elif weight.is_cpu and weight.layout is torch.strided:
+        weight_dtype = x_dtype
+    elif weight.is_cpu and weight.layout is _STRIDED:
         weight_dtype = weight.dtype
     else:
         return None
-    if not (input.is_cpu and input.layout is torch.strided):
-        return None
-    return _KERNEL_TYPES.get((input.dtype, weight_dtype))
+    return _KERNEL_TYPES.get(x_dtype, _NO_KERNEL_TYPES).get(weight_dtype)
 
 
 def _served_type(input, weight):
@@ -106,7 +112,7 @@ def _served_type(input, weight):
     kernel_type = _kernel_type(input, weight)
     if kernel_type is None:
         raise RuntimeError(
-            f"rmsnorm's kernels take CPU tensors of {sorted({str(x) for x, _ in _KERNEL_TYPES})} "
+            f"rmsnorm's kernels take CPU tensors of {sorted(str(x) for x in _KERNEL_TYPES)} "
             f"with a weight of a matching dtype; got input {input.dtype} on {input.device} and "
             f"weight {None if weight is None else (weight.dtype, weight.device)}. "
             "rmsnorm.torch.rms_norm sends these to torch.nn.functional.rms_norm"
@@ -124,25 +130,27 @@ def _check_shapes(input, shape: tuple, weight, same_shape=()) -> None:
             "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least "
             "one element, but got normalized_shape = []"
         )
-    if input.shape[-len(shape) :] != shape:
-        error = input_shape_error(tuple(input.shape), shape)
+    input_shape = input.shape
+    # the common one-dimensional shape first: indexing a torch.Size costs
+    # less than slicing one
+    fits = (
+        len(input_shape) >= 1 and input_shape[-1] == shape[0]
+        if len(shape) == 1
+        else input_shape[-len(shape) :] == shape
+    )
+    if not fits:
+        error = input_shape_error(tuple(input_shape), shape)
         if input.dim() < len(shape):
             raise error  # a ValueError in torch too
         raise RuntimeError(str(error))
     if weight is not None and weight.shape != shape:
         raise RuntimeError(str(weight_shape_error(tuple(weight.shape), shape)))
     for name, tensor in same_shape:
-        if tensor.shape != input.shape or tensor.dtype != input.dtype:
+        if tensor.shape != input_shape or tensor.dtype != input.dtype:
             raise RuntimeError(
                 f"{name} must have the input's shape {list(input.shape)} and dtype "
                 f"{input.dtype}, got {list(tensor.shape)} and {tensor.dtype}"
             )
-
-
-def _default_eps(dtype) -> float:
-    # A given eps goes to the C as it is, which rounds it to float32 unless
-    # the input is float64, as torch does.
-    return _FLOAT64_EPS if dtype == torch.float64 else _FLOAT32_EPS
 
 
 @functools.lru_cache(maxsize=None)  # one per dtype the kernels take
@@ -161,10 +169,10 @@ def _one(dtype):
 _HUGE_PAGES_MIN_BYTES = 4 << 20
 
 
-def _empty_like(tensor):
-    """A new contiguous tensor of ``tensor``'s shape and dtype, as the fake
-    implementations describe the outputs; the kernels take its address."""
-    nbytes = tensor.nbytes
+def _empty_like(tensor, nbytes: int):
+    """A new contiguous tensor of ``tensor``'s shape and dtype (``nbytes``
+    bytes), as the fake implementations describe the outputs; the kernels
+    take its address."""
     if nbytes < _HUGE_PAGES_MIN_BYTES:
         if tensor.is_contiguous():  # the shorter call, when it keeps the layout anyway
             return torch.empty_like(tensor)
@@ -189,13 +197,15 @@ def _operand(tensor, rows: int, n: int):
     return folded, (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
 
 
-def _weight_operand(weight, dtype, n: int):
-    """The weight as one row of n (ones without a weight)."""
+def _weight_operand(weight, input, n: int):
+    """The weight as one row of n (ones of the input's dtype without a weight)."""
     if weight is None:
-        one = _one(dtype)
+        one = _one(input.dtype)
         return one, (one.data_ptr(), 0)
-    row = weight if weight.dim() == 1 else weight.reshape(n)
-    if row.stride(0) == 1:
+    if weight.is_contiguous():
+        return weight, weight.data_ptr()
+    row = weight.reshape(n)
+    if row.is_contiguous():
         return row, row.data_ptr()
     return row, (row.data_ptr(), row.stride(0) * row.element_size())
 
@@ -209,13 +219,15 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     step's size this Python is most of the call, so it makes few calls.
     """
     _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
-    n = math.prod(shape)
-    rows = input.numel() // n if n else 0
-    y = _empty_like(input)
-    residual_out = None if residual is None else _empty_like(input)
+    n = shape[0] if len(shape) == 1 else math.prod(shape)
+    numel = input.numel()
+    rows = numel // n if n else 0
+    nbytes = numel * _ITEM_SIZES[kernel_type]
+    y = _empty_like(input, nbytes)
+    residual_out = None if residual is None else _empty_like(input, nbytes)
     if rows:
         x, x_arg = _operand(input, rows, n)
-        weight_row, weight_arg = _weight_operand(weight, input.dtype, n)
+        weight_row, weight_arg = _weight_operand(weight, input, n)
         residual_rows, residual_arg = (
             (None, None) if residual is None else _operand(residual, rows, n)
         )
@@ -223,7 +235,7 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
             kernel_type,
             rows,
             n,
-            _default_eps(input.dtype) if eps is None else eps,
+            _DEFAULT_EPS[kernel_type] if eps is None else eps,
             weight_offset,
             x_arg,
             weight_arg,
@@ -256,9 +268,10 @@ def _backward(
     if grad_residual_out is not None:
         same_shape += (("grad_residual_out", grad_residual_out),)
     _check_shapes(input, shape, weight, same_shape)
-    n = math.prod(shape)
-    rows = input.numel() // n if n else 0
-    grad_input = _empty_like(input)
+    n = shape[0] if len(shape) == 1 else math.prod(shape)
+    numel = input.numel()
+    rows = numel // n if n else 0
+    grad_input = _empty_like(input, numel * _ITEM_SIZES[kernel_type])
     grad_weight = torch.empty(shape, dtype=input.dtype if weight is None else weight.dtype)
     if not rows:
         if grad_residual_out is not None:
@@ -266,7 +279,7 @@ def _backward(
         return grad_input, grad_weight.zero_()
     grad_rows, grad_arg = _operand(grad_output, rows, n)
     x, x_arg = _operand(input, rows, n)
-    weight_row, weight_arg = _weight_operand(weight, input.dtype, n)
+    weight_row, weight_arg = _weight_operand(weight, input, n)
     grad_residual_rows, grad_residual_arg = (
         (None, None) if grad_residual_out is None else _operand(grad_residual_out, rows, n)
     )
@@ -274,7 +287,7 @@ def _backward(
         kernel_type,
         rows,
         n,
-        _default_eps(input.dtype) if eps is None else eps,
+        _DEFAULT_EPS[kernel_type] if eps is None else eps,
         weight_offset,
         grad_arg,
         x_arg,

@@ -37,6 +37,26 @@ static int parse_address(PyObject *obj, char **address)
     return 0;
 }
 
+/* (address, stride...) with count strides, into address and strides. */
+static int parse_strided(PyObject *obj, int count, const char *what, char **address,
+                         Py_ssize_t *strides)
+{
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 1 + count) {
+        PyErr_SetString(PyExc_TypeError, what);
+        return -1;
+    }
+    if (parse_address(PyTuple_GET_ITEM(obj, 0), address) < 0) {
+        return -1;
+    }
+    for (int i = 0; i < count; i++) {
+        strides[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(obj, 1 + i));
+        if (strides[i] == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* A matrix of rows of n elements of item bytes. None gives data NULL (an
    absent operand, as the kernels read it) where optional. */
 static int parse_matrix(PyObject *obj, Py_ssize_t n, Py_ssize_t item, int optional,
@@ -50,88 +70,108 @@ static int parse_matrix(PyObject *obj, Py_ssize_t n, Py_ssize_t item, int option
         *matrix = (rms_matrix){NULL, n * item, item};
         return parse_address(obj, &matrix->data);
     }
-    unsigned long long address;
-    Py_ssize_t row_stride, stride;
-    if (!PyArg_ParseTuple(obj, "Knn;a matrix is an address or (address, row stride, stride)",
-                          &address, &row_stride, &stride)) {
+    Py_ssize_t strides[2];
+    if (parse_strided(obj, 2, "a matrix is an address or (address, row stride, stride)",
+                      &matrix->data, strides) < 0) {
         return -1;
     }
-    *matrix = (rms_matrix){(char *)(uintptr_t)address, row_stride, stride};
+    matrix->row_stride = strides[0];
+    matrix->stride = strides[1];
     return 0;
 }
 
 /* A vector, as a matrix whose rows all start at the same place. */
 static int parse_vector(PyObject *obj, Py_ssize_t item, rms_matrix *vector)
 {
+    *vector = (rms_matrix){NULL, 0, item};
     if (PyLong_Check(obj)) {
-        *vector = (rms_matrix){NULL, 0, item};
         return parse_address(obj, &vector->data);
     }
-    unsigned long long address;
-    Py_ssize_t stride;
-    if (!PyArg_ParseTuple(obj, "Kn;a vector is an address or (address, stride)", &address,
-                          &stride)) {
-        return -1;
-    }
-    *vector = (rms_matrix){(char *)(uintptr_t)address, 0, stride};
-    return 0;
+    return parse_strided(obj, 1, "a vector is an address or (address, stride)", &vector->data,
+                         &vector->stride);
 }
 
-/* eps as the kernels read it: float64 for float64 input, float32 for the rest. */
-typedef union {
-    float f;
-    double d;
-} eps_value;
+/* What both entry points take first: the type, the shape, eps as the
+   kernels read it (float64 for float64 input, float32 for the rest) and
+   the weight offset. */
+typedef struct {
+    rms_type type;
+    Py_ssize_t rows, n;
+    union {
+        float f;
+        double d;
+    } eps;
+    double weight_offset;
+    Py_ssize_t item, weight_item; /* bytes of an element of x and of the weight */
+} problem_head;
 
-static int check_problem(int type, Py_ssize_t rows, Py_ssize_t n, double eps, eps_value *value)
+enum { HEAD_ARGS = 5 };
+
+
+static int parse_head(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
+                      const char *name, problem_head *head)
 {
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", name, expected,
+                     nargs);
+        return -1;
+    }
+    long type;
+    Py_ssize_t rows, n;
+    double eps;
+    /* each conversion returns -1 on an error, and may on success */
+    if (((type = PyLong_AsLong(args[0])) == -1 && PyErr_Occurred()) ||
+        ((rows = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) ||
+        ((n = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) ||
+        ((eps = PyFloat_AsDouble(args[3])) == -1 && PyErr_Occurred()) ||
+        ((head->weight_offset = PyFloat_AsDouble(args[4])) == -1 && PyErr_Occurred())) {
+        return -1;
+    }
     /* sizes whose byte counts fit: the kernels multiply them out */
     if (type < 0 || type >= RMS_NUM_TYPES || rows < 0 || n < 1 || n > PY_SSIZE_T_MAX / 8 ||
         rows > PY_SSIZE_T_MAX / 8 / n) {
-        PyErr_Format(PyExc_ValueError, "no kernel problem: type %d, %zd rows of %zd", type,
+        PyErr_Format(PyExc_ValueError, "no kernel problem: type %ld, %zd rows of %zd", type,
                      rows, n);
         return -1;
     }
+    head->type = (rms_type)type;
+    head->rows = rows;
+    head->n = n;
     if (rms_type_table[type].eps == RMS_KIND_F64) {
-        value->d = eps;
-    } else {
-        value->f = (float)eps; /* past float32's range: inf, as torch's cast gives */
+        head->eps.d = eps;
     }
+    else {
+        head->eps.f = (float)eps; /* past float32's range: inf, as torch's cast gives */
+    }
+    head->item = rms_kind_size(rms_type_table[type].x);
+    head->weight_item = rms_kind_size(rms_type_table[type].weight);
     return 0;
 }
 
-PyObject *rms_forward_buffers(PyObject *module, PyObject *args)
+PyObject *rms_forward_buffers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    int type;
-    Py_ssize_t rows, n;
-    double eps, weight_offset;
-    PyObject *x_obj, *weight_obj, *y_obj, *residual_obj, *residual_out_obj;
-    if (!PyArg_ParseTuple(args, "innddOOOOO:_forward_buffers", &type, &rows, &n, &eps,
-                          &weight_offset, &x_obj, &weight_obj, &y_obj, &residual_obj,
-                          &residual_out_obj)) {
+    problem_head head;
+    if (parse_head(args, nargs, HEAD_ARGS + 5, "_forward_buffers", &head) < 0) {
         return NULL;
     }
-    eps_value eps_as_kind;
-    if (check_problem(type, rows, n, eps, &eps_as_kind) < 0) {
-        return NULL;
-    }
-    const Py_ssize_t item = rms_kind_size(rms_type_table[type].x);
+    PyObject *const *operands = args + HEAD_ARGS;
+    const Py_ssize_t n = head.n, item = head.item;
     rms_matrix x, weight, y, residual, residual_out;
-    if (parse_matrix(x_obj, n, item, 0, &x) < 0 ||
-        parse_vector(weight_obj, rms_kind_size(rms_type_table[type].weight), &weight) < 0 ||
-        parse_matrix(y_obj, n, item, 0, &y) < 0 ||
-        parse_matrix(residual_obj, n, item, 1, &residual) < 0 ||
-        parse_matrix(residual_out_obj, n, item, 1, &residual_out) < 0) {
+    if (parse_matrix(operands[0], n, item, 0, &x) < 0 ||
+        parse_vector(operands[1], head.weight_item, &weight) < 0 ||
+        parse_matrix(operands[2], n, item, 0, &y) < 0 ||
+        parse_matrix(operands[3], n, item, 1, &residual) < 0 ||
+        parse_matrix(operands[4], n, item, 1, &residual_out) < 0) {
         return NULL;
     }
     rms_forward_problem problem = {
         .n = n,
         .x = x,
         .weight = weight,
-        .eps = (const char *)&eps_as_kind,
+        .eps = (const char *)&head.eps,
         .eps_stride = 0,
-        .weight_offset = weight_offset != 0 ? (const char *)&weight_offset : NULL,
+        .weight_offset = head.weight_offset != 0 ? (const char *)&head.weight_offset : NULL,
         .weight_offset_stride = 0,
         .residual = residual,
         .residual_out = residual_out,
@@ -139,7 +179,7 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *args)
     };
     size_t failed_bytes;
     Py_BEGIN_ALLOW_THREADS
-    failed_bytes = rms_norm_forward((rms_type)type, &problem, rows);
+    failed_bytes = rms_norm_forward(head.type, &problem, head.rows);
     /* As the gufunc loops do: the flags of intermediate steps say nothing
        about the result. */
     feclearexcept(FE_ALL_EXCEPT);
@@ -151,32 +191,22 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-PyObject *rms_backward_buffers(PyObject *module, PyObject *args)
+PyObject *rms_backward_buffers(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    int type;
-    Py_ssize_t rows, n;
-    double eps, weight_offset;
-    PyObject *grad_output_obj, *x_obj, *weight_obj, *grad_input_obj, *grad_weight_obj,
-        *grad_residual_out_obj;
-    if (!PyArg_ParseTuple(args, "innddOOOOOO:_backward_buffers", &type, &rows, &n, &eps,
-                          &weight_offset, &grad_output_obj, &x_obj, &weight_obj,
-                          &grad_input_obj, &grad_weight_obj, &grad_residual_out_obj)) {
+    problem_head head;
+    if (parse_head(args, nargs, HEAD_ARGS + 6, "_backward_buffers", &head) < 0) {
         return NULL;
     }
-    eps_value eps_as_kind;
-    if (check_problem(type, rows, n, eps, &eps_as_kind) < 0) {
-        return NULL;
-    }
-    const Py_ssize_t item = rms_kind_size(rms_type_table[type].x),
-                     weight_item = rms_kind_size(rms_type_table[type].weight);
+    PyObject *const *operands = args + HEAD_ARGS;
+    const Py_ssize_t n = head.n, item = head.item;
     rms_matrix grad_output, x, weight, grad_input, grad_weight, grad_residual_out;
-    if (parse_matrix(grad_output_obj, n, item, 0, &grad_output) < 0 ||
-        parse_matrix(x_obj, n, item, 0, &x) < 0 ||
-        parse_vector(weight_obj, weight_item, &weight) < 0 ||
-        parse_matrix(grad_input_obj, n, item, 0, &grad_input) < 0 ||
-        parse_vector(grad_weight_obj, weight_item, &grad_weight) < 0 ||
-        parse_matrix(grad_residual_out_obj, n, item, 1, &grad_residual_out) < 0) {
+    if (parse_matrix(operands[0], n, item, 0, &grad_output) < 0 ||
+        parse_matrix(operands[1], n, item, 0, &x) < 0 ||
+        parse_vector(operands[2], head.weight_item, &weight) < 0 ||
+        parse_matrix(operands[3], n, item, 0, &grad_input) < 0 ||
+        parse_vector(operands[4], head.weight_item, &grad_weight) < 0 ||
+        parse_matrix(operands[5], n, item, 1, &grad_residual_out) < 0) {
         return NULL;
     }
     rms_backward_problem problem = {
@@ -185,14 +215,14 @@ PyObject *rms_backward_buffers(PyObject *module, PyObject *args)
         .x = x,
         .weight = weight.data,
         .weight_stride = weight.stride,
-        .eps = (const char *)&eps_as_kind,
-        .weight_offset = weight_offset != 0 ? (const char *)&weight_offset : NULL,
+        .eps = (const char *)&head.eps,
+        .weight_offset = head.weight_offset != 0 ? (const char *)&head.weight_offset : NULL,
         .grad_residual_out = grad_residual_out,
         .grad_input = grad_input,
     };
     size_t failed_bytes;
     Py_BEGIN_ALLOW_THREADS
-    failed_bytes = rms_norm_backward((rms_type)type, &problem, rows, grad_weight.data,
+    failed_bytes = rms_norm_backward(head.type, &problem, head.rows, grad_weight.data,
                                      grad_weight.stride);
     feclearexcept(FE_ALL_EXCEPT);
     Py_END_ALLOW_THREADS

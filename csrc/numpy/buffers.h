@@ -15,10 +15,10 @@
 
 /* _forward_buffers(type, rows, n, eps, weight_offset, x, weight, y,
                     residual, residual_out) -> None */
-PyObject *rms_forward_buffers(PyObject *module, PyObject *args);
+PyObject *rms_forward_buffers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 /* _backward_buffers(type, rows, n, eps, weight_offset, grad_output, x,
                      weight, grad_input, grad_weight, grad_residual_out) -> None */
-PyObject *rms_backward_buffers(PyObject *module, PyObject *args);
+PyObject *rms_backward_buffers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

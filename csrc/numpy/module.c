@@ -132,13 +132,13 @@ static PyMethodDef methods[] = {
      "_forward_direct(x, weight, eps, /) -> y or None\n\n"
      "forward(x, weight, eps) without the ufunc machinery, for plain arrays\n"
      "already in a loop's dtypes; None for anything else (rms_norm's fast path)."},
-    {"_forward_buffers", rms_forward_buffers, METH_VARARGS,
+    {"_forward_buffers", (PyCFunction)(void (*)(void))rms_forward_buffers, METH_FASTCALL,
      "_forward_buffers(type, rows, n, eps, weight_offset, x, weight, y, residual, residual_out, /)\n\n"
      "The forward kernels on raw buffers, for rmsnorm.torch (csrc/numpy/buffers.c):\n"
      "matrices are (address, row stride, stride), vectors (address, stride), in\n"
      "bytes; residual and residual_out may be None. Nothing is checked but the\n"
      "shape numbers: wrong addresses crash the process."},
-    {"_backward_buffers", rms_backward_buffers, METH_VARARGS,
+    {"_backward_buffers", (PyCFunction)(void (*)(void))rms_backward_buffers, METH_FASTCALL,
      "_backward_buffers(type, rows, n, eps, weight_offset, grad_output, x, weight,\n"
      "                  grad_input, grad_weight, grad_residual_out, /)\n\n"
      "The backward kernels on raw buffers, as _forward_buffers."},
