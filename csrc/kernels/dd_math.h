@@ -60,20 +60,21 @@ RMS_ALWAYS_INLINE rms_dd rms_dd_sum_lanes(int count, double *sum, double *comp)
    the float64 write pass multiplies by both parts. A t outside [2^-900,
    2^900] is scaled by 2^-+1000 first (exact): the Newton step squares r,
    which overflows for t below 2^-1024 and goes subnormal, losing bits,
-   for t above 2^990. */
-static inline rms_dd rms_dd_rsqrt(rms_dd t)
+   for t above 2^990. Scaled without recursion, so that it inlines into
+   every row's code: a call there makes the caller spill its vector
+   registers. */
+RMS_ALWAYS_INLINE rms_dd rms_dd_rsqrt(rms_dd t)
 {
+    double unscale = 1.0;
+    if (t.hi > 0.0 && (t.hi < 0x1p-900 || (t.hi > 0x1p900 && !isinf(t.hi)))) {
+        const int small = t.hi < 1.0;
+        t.hi *= small ? 0x1p1000 : 0x1p-1000;
+        t.lo *= small ? 0x1p1000 : 0x1p-1000;
+        unscale = small ? 0x1p500 : 0x1p-500;
+    }
     rms_dd r = {1.0 / sqrt(t.hi), 0.0};
     if (!(t.hi > 0.0) || !(r.hi > 0.0) || isinf(t.hi)) {
         return r; /* 0, negative, NaN or inf: nothing to refine */
-    }
-    if (t.hi < 0x1p-900 || t.hi > 0x1p900) {
-        const int half = t.hi < 1.0 ? 500 : -500;
-        rms_dd scaled = {ldexp(t.hi, 2 * half), ldexp(t.lo, 2 * half)};
-        r = rms_dd_rsqrt(scaled);
-        r.hi = ldexp(r.hi, half);
-        r.lo = ldexp(r.lo, half);
-        return r;
     }
     /* Newton step r += r * (1 - t r^2) / 2, with t r^2 formed exactly. */
     double r2 = r.hi * r.hi;
@@ -82,12 +83,14 @@ static inline rms_dd rms_dd_rsqrt(rms_dd t)
     double p_err = fma(t.hi, r2, -p) + t.hi * r2_err + t.lo * r2;
     double residual = (1.0 - p) - p_err;
     r.lo = r.hi * (0.5 * residual);
+    r.hi *= unscale;
+    r.lo *= unscale;
     return r;
 }
 
 /* 1 / sqrt(sum_squares / n + eps), for a sum that neither overflows nor
    underflows. */
-static inline rms_dd rms_inv_rms_from_sum(rms_dd sum_squares, double n, double eps)
+RMS_ALWAYS_INLINE rms_dd rms_inv_rms_from_sum(rms_dd sum_squares, double n, double eps)
 {
     /* mean = sum / n in double-double: q + the exact remainder over n. */
     double q = sum_squares.hi / n;

@@ -45,7 +45,11 @@ typedef enum {
 typedef enum { RMS_FOR_EACH_TYPE(RMS_TYPE_ENUM) RMS_NUM_TYPES } rms_type;
 #undef RMS_TYPE_ENUM
 
-/* Bytes of one element. */
+/* Bytes of one element. Always inlined: the kernels branch on it with
+   constant kinds, and must see those branches fold. */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
 static inline ptrdiff_t rms_kind_size(rms_kind kind)
 {
     return kind == RMS_KIND_F64 ? 8 : kind == RMS_KIND_F32 ? 4 : 2;
