@@ -293,3 +293,42 @@ def test_backward_gufunc_rejects_mismatched_core_dimensions():
         rmsnorm.backward(np.ones((2, 3)), np.ones((3, 3)), np.ones(3), 1e-5)
     with pytest.raises(ValueError):
         rmsnorm.backward(np.ones((2, 3)), np.ones((2, 3)), np.ones(4), 1e-5)
+
+
+# The raw-buffer entry points that rmsnorm.torch calls (csrc/numpy/buffers.c)
+# trust the addresses they are given, but refuse malformed arguments before
+# any kernel runs: none of these reaches an address.
+_FORWARD_ARGS = (2, 1, 4, 1e-6, 0.0, 0, 0, 0, None, None)  # float32, 1 row of 4
+_BACKWARD_ARGS = (2, 1, 4, 1e-6, 0.0, 0, 0, 0, 0, 0, None)
+
+
+def _with(args, index, value):
+    return args[:index] + (value,) + args[index + 1 :]
+
+
+@pytest.mark.parametrize(
+    "name, args, error, text",
+    [
+        pytest.param("_forward_buffers", _FORWARD_ARGS[:-1], TypeError,
+                     r"takes 10 arguments \(9 given\)", id="forward_one_argument_short"),
+        pytest.param("_backward_buffers", _BACKWARD_ARGS + (None,), TypeError,
+                     r"takes 11 arguments \(12 given\)", id="backward_one_argument_over"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 0, 99), ValueError,
+                     "no kernel problem: type 99", id="unknown_type"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 1, -1), ValueError,
+                     "no kernel problem", id="negative_rows"),
+        pytest.param("_backward_buffers", _with(_BACKWARD_ARGS, 2, 0), ValueError,
+                     "no kernel problem", id="rows_of_no_elements"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 3, "1e-6"), TypeError,
+                     "real number", id="eps_a_string"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 5, (0, 16)), TypeError,
+                     "a matrix is an address or", id="matrix_without_its_element_stride"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 6, (0, 4, 4)), TypeError,
+                     "a vector is an address or", id="vector_with_a_row_stride"),
+        pytest.param("_backward_buffers", _with(_BACKWARD_ARGS, 5, (0, "16", 4)), TypeError,
+                     "integer", id="stride_not_an_integer"),
+    ],
+)
+def test_raw_buffer_entry_points_refuse_malformed_arguments(name, args, error, text):
+    with pytest.raises(error, match=text):
+        getattr(rmsnorm._core, name)(*args)

@@ -106,7 +106,8 @@ typedef struct {
 
 enum { HEAD_ARGS = 5 };
 
-
+/* The head of a call of expected arguments in all, checked: sizes the
+   kernels can multiply out, and a type they have. */
 static int parse_head(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
                       const char *name, problem_head *head)
 {
