@@ -149,6 +149,26 @@ def test_scratch_that_cannot_be_had_raises_a_memory_error_saying_how_much(functi
     assert f"rows of {HUGE_N} elements" in message and "weight" in message, message
 
 
+@pytest.mark.skipif(_overcommits_always(), reason="with vm.overcommit_memory=1 malloc gives "
+                    "16 TiB, and the kernels would then write through it until the OOM killer")
+@pytest.mark.parametrize("threads", [1, 2, 8, 16], ids=lambda t: f"threads={t}")
+@pytest.mark.parametrize("rows", [1, 16], ids=lambda r: f"rows={r}")
+def test_backward_scratch_is_two_doubles_per_weight_element_whatever_the_threads(
+        rows, threads, restore_num_threads):
+    """The weight and grad_weight's sum as doubles, and no partial sum of
+    the row's length per thread (16 rows of 2^40 make 16 chunks); the bytes
+    asked for are what the MemoryError reports."""
+    rmsnorm.set_num_threads(threads)
+    x = np.broadcast_to(np.float32(1.0), (rows, HUGE_N))
+    weight = np.broadcast_to(np.float32(1.0), (HUGE_N,))
+    with pytest.raises(MemoryError) as error:
+        rmsnorm.backward(x, x, weight, np.float32(1e-6),
+                         out=(_writable_stride_0(x.shape, np.float32),
+                              _writable_stride_0((HUGE_N,), np.float32)))
+    asked = int(str(error.value).split(" bytes")[0].split()[-1])
+    assert 2 * HUGE_N * 8 <= asked <= 2 * HUGE_N * 8 * 1.001, str(error.value)
+
+
 @pytest.mark.parametrize("function", ["forward_offset", "backward"])
 def test_scratch_past_any_address_space_raises_a_memory_error(function):
     """A stride-0 float16 row of 2^61 elements (NumPy's limit is 2^63 bytes):

@@ -24,7 +24,7 @@ EPSILONS = [None, 1e-6, 1e-5, 0.5, -0.5]
 SIZES = [1, 3, 7, 64, 127, 1000, 4096, 8192]
 
 # (input shape, normalized_shape): inputs 1-D to 4-D, normalized_shape of 1
-# to 3 dimensions, row lengths from 1 to 8192 with odd ones among them.
+# to 3 dimensions, row lengths from 1 to 69635 with odd ones among them.
 SHAPE_CASES = (
     [((n,), (n,)) for n in SIZES]
     + [((5, n), (n,)) for n in SIZES]
@@ -39,6 +39,10 @@ SHAPE_CASES = (
         ((2, 3, 4, 5), (3, 4, 5)),
         ((2, 1, 3, 1000), (3, 1000)),
         ((1, 2, 1, 1), (1, 1)),
+        # rows past the backward's tile of 4096 columns, in two and in
+        # three chunks of rows (csrc/kernels/rms_norm.c)
+        ((20, 4097), (4097,)),
+        ((3, 69635), (69635,)),
     ]
 )
 

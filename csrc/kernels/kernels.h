@@ -13,12 +13,37 @@
 #include "rms_norm.h"
 
 /*
+ * How the backward writes one row, as the row's reduction pass decided:
+ * what the write pass needs to go on from any column.
+ */
+typedef enum {
+    RMS_BACKWARD_VECTOR,    /* block by block, in double or in float */
+    RMS_BACKWARD_UNBOUNDED, /* inv_rms is infinite: torch's terms one by one */
+    RMS_BACKWARD_EXTREME,   /* element by element, from significands */
+    RMS_BACKWARD_ZERO_INV   /* eps = +inf: inv_rms is 0 */
+} rms_backward_path;
+
+typedef struct {
+    rms_backward_path path;
+    int in_float; /* VECTOR: a 16-bit row written in float */
+    int exponent; /* EXTREME: inv_rms = inv * 2^exponent */
+    int e_max;    /* EXTREME: the largest exponent of a g w x term (INT_MIN: none) */
+    double inv;   /* VECTOR: inv_rms; EXTREME: its significand, in [0.5, 1) */
+    double mean;  /* VECTOR: mean(g x_hat); EXTREME: the scaled S / n; UNBOUNDED: sum(g w x) */
+} rms_backward_plan;
+
+/*
  * The kernels of one element type on one instruction set.
  *
  * backward_rows reads the weight as n doubles (from widen_weight), and adds
  * each row's grad_output * x_hat into grad_weight_partial (n doubles), in
  * row order, so that the caller can sum partials in a fixed order and stay
- * bit-for-bit deterministic.
+ * bit-for-bit deterministic. plan_backward_rows and write_backward_tile do
+ * the same in two steps, for rows too long for a partial of their length:
+ * each row's reduction pass, then the write pass of every row over columns
+ * [column_begin, column_end) only, adding into grad_weight_tile (whose
+ * element 0 is column column_begin). Each column gains the same terms in
+ * the same order either way.
  */
 typedef struct {
     /* Returns 0, or the bytes of scratch memory (a weight offset's 2n
@@ -26,6 +51,12 @@ typedef struct {
     size_t (*forward_rows)(const rms_forward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end);
     void (*backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,
                           const double *weight, double *grad_weight_partial);
+    void (*plan_backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin,
+                               ptrdiff_t row_end, const double *weight, rms_backward_plan *plans);
+    void (*write_backward_tile)(const rms_backward_problem *p, ptrdiff_t row_begin,
+                                ptrdiff_t row_end, const rms_backward_plan *plans,
+                                ptrdiff_t column_begin, ptrdiff_t column_end,
+                                const double *weight, double *grad_weight_tile);
     /* The backward's weight as n doubles, read once per call rather than
        converted again on every row. */
     void (*widen_weight)(ptrdiff_t n, const char *src, ptrdiff_t src_stride, double *dst);

@@ -65,7 +65,7 @@ typedef struct {
     rms_matrix grad_input;
     int stream_output; /* as in rms_forward_problem */
     /* A streamed row's write pass asks for a row further on (backward_rows
-       says which); rows before ahead_end may be asked for even past the
+       and write_backward_tile say which); rows before ahead_end may be asked for even past the
        end of the rows at hand. The driver sets it to the problem's row
        count when one thread takes every chunk, and to 0 otherwise, where
        the next chunk is likely another thread's. */
@@ -84,8 +84,8 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t r
 
 /* Also writes grad_weight, the sum over rows, in the weight's kind.
    Returns 0, or the bytes of scratch memory it could not have (the weight
-   and grad_weight's sum as doubles, and a partial sum per thread past one
-   chunk of rows), having written nothing. */
+   and grad_weight's sum as doubles, and past one chunk of rows a counter
+   per 4096 columns), having written nothing. */
 size_t rms_norm_backward(rms_type type, const rms_backward_problem *p, ptrdiff_t rows,
                          char *grad_weight, ptrdiff_t grad_weight_stride);
 

@@ -1476,16 +1476,15 @@ static inline double rms_scaled_difference(double a, int a_exponent, double b, i
  *   grad_weight_i += go_i x_hat_i,
  *
  * where go, w, x and inv (inv_rms = inv * 2^k) stand for significands
- * and E_j is the sum of go_j's, w_j's and x_j's exponents. Returns 0,
- * having written nothing, where an input is not finite or inv_rms is
+ * and E_j is the sum of go_j's, w_j's and x_j's exponents. This is the
+ * row's reduction pass, which fills the plan; rms_backward_extreme_write
+ * is its write pass. Returns 0 where an input is not finite or inv_rms is
  * inf or NaN: the vector path gives torch's non-finite results there.
  */
-RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *grad_output,
-                                          ptrdiff_t grad_output_stride, const char *x,
-                                          ptrdiff_t xs, const double *w, rms_scaled_inv scaled,
-                                          rms_grad_residual gr,
-                                          char *grad_input, ptrdiff_t grad_input_stride,
-                                          double *grad_weight)
+RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n, const char *grad_output,
+                                           ptrdiff_t grad_output_stride, const char *x,
+                                           ptrdiff_t xs, const double *w, rms_scaled_inv scaled,
+                                           rms_backward_plan *plan)
 {
     for (ptrdiff_t j = 0; j < n; j++) {
         const double go = rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride));
@@ -1495,16 +1494,7 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
         }
     }
     if (scaled.inv.hi == 0.0) {
-        /* eps = +inf: inv_rms is 0, and so is every gradient's own term,
-           however far sum(g w x) is past DBL_MAX (torch's 0 * inf is NaN) */
-        for (ptrdiff_t i = 0; i < n; i++) {
-            const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
-            double out = go * 0.0 * w[i]; /* 0 even where go * w would overflow */
-            if (gr.add_residual) {
-                out += rms_load_scalar(xk, rms_element(gr.data, i, gr.stride));
-            }
-            rms_store_scalar(xk, rms_element_out(grad_input, i, grad_input_stride), out);
-        }
+        plan->path = RMS_BACKWARD_ZERO_INV;
         return 1;
     }
     if (!(scaled.inv.hi > 0.0) || isinf(scaled.inv.hi)) {
@@ -1512,7 +1502,6 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
     }
     scaled = rms_scaled_inv_normalised(scaled);
     const double inv = scaled.inv.hi + scaled.inv.lo;
-    const int k = scaled.exponent;
     /* E_max first, then S over the terms scaled by it, in index order */
     int e_max = INT_MIN;
     for (ptrdiff_t j = 0; j < n; j++) {
@@ -1536,8 +1525,39 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
         sum = rms_two_sum(sum, ldexp(term, e_go + e_w + e_x - e_max), &err);
         sum_err += err;
     }
-    const double mean = (sum + sum_err) / (double)n;
-    for (ptrdiff_t i = 0; i < n; i++) {
+    plan->path = RMS_BACKWARD_EXTREME;
+    plan->inv = inv;
+    plan->exponent = scaled.exponent;
+    plan->e_max = e_max;
+    plan->mean = (sum + sum_err) / (double)n;
+    return 1;
+}
+
+/* The write pass of a row that rms_backward_extreme_plan took, over
+   `count` of its elements. */
+RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_plan *plan,
+                                             ptrdiff_t count, const char *grad_output,
+                                             ptrdiff_t grad_output_stride, const char *x,
+                                             ptrdiff_t xs, const double *w, rms_grad_residual gr,
+                                             char *grad_input, ptrdiff_t grad_input_stride,
+                                             double *grad_weight)
+{
+    if (plan->path == RMS_BACKWARD_ZERO_INV) {
+        /* eps = +inf: inv_rms is 0, and so is every gradient's own term,
+           however far sum(g w x) is past DBL_MAX (torch's 0 * inf is NaN) */
+        for (ptrdiff_t i = 0; i < count; i++) {
+            const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
+            double out = go * 0.0 * w[i]; /* 0 even where go * w would overflow */
+            if (gr.add_residual) {
+                out += rms_load_scalar(xk, rms_element(gr.data, i, gr.stride));
+            }
+            rms_store_scalar(xk, rms_element_out(grad_input, i, grad_input_stride), out);
+        }
+        return;
+    }
+    const double inv = plan->inv, mean = plan->mean;
+    const int k = plan->exponent, e_max = plan->e_max;
+    for (ptrdiff_t i = 0; i < count; i++) {
         int e_go, e_w, e_x;
         const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
         const double go_sig = frexp(go, &e_go), w_sig = frexp(w[i], &e_w);
@@ -1552,7 +1572,6 @@ RMS_NOINLINE int rms_backward_row_extreme(rms_kind xk, ptrdiff_t n, const char *
         rms_store_scalar(xk, rms_element_out(grad_input, i, grad_input_stride), out);
         grad_weight[i] += ldexp(go_sig * x_sig * inv, e_go + e_x + k);
     }
-    return 1;
 }
 
 /* Whether some g_j w_j x_j of a float64 row is not 0: where their sum in
@@ -1574,7 +1593,7 @@ RMS_NOINLINE int rms_row_has_a_product(ptrdiff_t n, const char *grad_output,
     return 0;
 }
 
-/* Whether a backward row goes to rms_backward_row_extreme: inv_rms left
+/* Whether a backward row goes to rms_backward_extreme_plan: inv_rms left
    the range where the vector path is exact enough; sum(g w x) is past
    2^900 (inf and NaN included), or non-zero and below 2^-900; mean(g
    x_hat) = inv_rms * sum / n would leave 2^+-960, though each factor is in
@@ -1606,19 +1625,16 @@ RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_kind xk, ptrdiff_t n,
     return mean_binade < -960 || mean_binade > 960;
 }
 
-/* One row of the backward. A streamed output's write loop also asks for
-   the grad_output and x of a row further on (ahead_grad_output and ahead_x, or
-   NULL), as rms_forward_write asks for the next row. w_as_stored says
-   whether w_stored is the weight that w holds as doubles (no offset), which
-   the float path reads. */
-RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
-                                        const char *grad_output, ptrdiff_t grad_output_stride,
-                                        const char *x, ptrdiff_t xs, const double *w,
-                                        const char *w_stored, ptrdiff_t ws, int w_as_stored,
-                                        double eps, rms_grad_residual gr, char *grad_input,
-                                        ptrdiff_t grad_input_stride, double *grad_weight,
-                                        int stream, const char *ahead_grad_output,
-                                        const char *ahead_x)
+/* A backward row's reduction pass: sum(x^2) and sum(g w x), and from them
+   the plan of its write pass. w_as_stored says whether w holds the stored
+   weight as doubles, with no offset: only then may the float path read the
+   stored weight instead. */
+RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind wk, ptrdiff_t n,
+                                                          const char *grad_output,
+                                                          ptrdiff_t grad_output_stride,
+                                                          const char *x, ptrdiff_t xs,
+                                                          const double *w, int w_as_stored,
+                                                          double eps)
 {
     rms_lanes squares, dot;
     rms_lanes_clear(&squares);
@@ -1641,32 +1657,66 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
     else {
         scaled.inv = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
     }
+    rms_backward_plan plan = {RMS_BACKWARD_VECTOR, 0, 0, 0, 0.0, 0.0};
     if (rms_backward_row_is_extreme(xk, n, grad_output, grad_output_stride, x, xs, w, scaled,
                                     sum_g_x) &&
-        rms_backward_row_extreme(xk, n, grad_output, grad_output_stride, x, xs, w, scaled, gr,
-                                 grad_input, grad_input_stride, grad_weight)) {
-        return;
+        rms_backward_extreme_plan(xk, n, grad_output, grad_output_stride, x, xs, w, scaled,
+                                  &plan)) {
+        return plan;
     }
     const rms_dd inv_rms_dd = rms_scaled_inv_value(scaled);
     const double inv_rms = inv_rms_dd.hi + inv_rms_dd.lo;
     if (isinf(inv_rms)) {
-        rms_backward_row_unbounded(xk, n, grad_output, grad_output_stride, x, xs, w,
-                                   sum_g_x.hi + sum_g_x.lo, gr, grad_input, grad_input_stride,
-                                   grad_weight);
-        return;
+        plan.path = RMS_BACKWARD_UNBOUNDED;
+        plan.mean = sum_g_x.hi + sum_g_x.lo;
+        return plan;
     }
-    const rms_vd inv = rms_vd_set(inv_rms);
-    const double mean_g_x_hat = inv_rms * (sum_g_x.hi + sum_g_x.lo) / (double)n;
-    const rms_vd mean = rms_vd_set(mean_g_x_hat);
-    const rms_vf inv_float = rms_vf_set((float)inv_rms);
-    const rms_vf minus_mean_float = rms_vf_set((float)-mean_g_x_hat);
+    plan.inv = inv_rms;
+    plan.mean = inv_rms * (sum_g_x.hi + sum_g_x.lo) / (double)n;
     /* 16-bit rows go in float where fused multiply-adds exist, and where
        inv_rms and the mean stay well inside float's range. */
-    const int in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && w_as_stored &&
-                         inv_rms >= 0x1p-100 && inv_rms <= 0x1p100 &&
-                         fabs(mean_g_x_hat) <= 0x1p100;
+    plan.in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && w_as_stored &&
+                    inv_rms >= 0x1p-100 && inv_rms <= 0x1p100 && fabs(plan.mean) <= 0x1p100;
+    return plan;
+}
+
+/* A backward row's write pass over `count` elements, the whole row or one
+   tile of it (every pointer at the tile's first column; w_stored is the
+   stored weight, which the float path reads). A streamed output's write
+   loop also asks for the grad_output and x of a row further on
+   (ahead_grad_output and ahead_x, or NULL), as rms_forward_write asks for
+   the next row. */
+RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
+                                              const rms_backward_plan *plan, ptrdiff_t count,
+                                              const char *grad_output,
+                                              ptrdiff_t grad_output_stride, const char *x,
+                                              ptrdiff_t xs, const double *w,
+                                              const char *w_stored, ptrdiff_t ws,
+                                              rms_grad_residual gr, char *grad_input,
+                                              ptrdiff_t grad_input_stride, double *grad_weight,
+                                              int stream, const char *ahead_grad_output,
+                                              const char *ahead_x)
+{
+    if (plan->path == RMS_BACKWARD_EXTREME || plan->path == RMS_BACKWARD_ZERO_INV) {
+        rms_backward_extreme_write(xk, plan, count, grad_output, grad_output_stride, x, xs, w, gr,
+                                   grad_input, grad_input_stride, grad_weight);
+        return;
+    }
+    if (plan->path == RMS_BACKWARD_UNBOUNDED) {
+        rms_backward_row_unbounded(xk, count, grad_output, grad_output_stride, x, xs, w,
+                                   plan->mean, gr, grad_input, grad_input_stride, grad_weight);
+        return;
+    }
+    /* the conditions that are constants fold the float path away for the
+       types that never take it */
+    const int in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && plan->in_float;
+    const rms_vd inv = rms_vd_set(plan->inv);
+    const rms_vd mean = rms_vd_set(plan->mean);
+    const rms_vf inv_float = rms_vf_set((float)plan->inv);
+    const rms_vf minus_mean_float = rms_vf_set((float)-plan->mean);
 
     const ptrdiff_t size = rms_kind_size(xk);
+    const ptrdiff_t n = count;
     const ptrdiff_t head = rms_unaligned_head(grad_input, grad_input_stride, size, n);
     const int streamed = rms_can_stream(
         stream, rms_element_out(grad_input, head, grad_input_stride), grad_input_stride, size);
@@ -1679,6 +1729,7 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
                            gr.stride,                                                             \
                            rms_element_out(grad_input, at, grad_input_stride), grad_input_stride, \
                            count, inv, mean, inv_float, minus_mean_float, stream_block)
+    ptrdiff_t i;
     for (i = 0; i < head; i += RMS_VF_WIDTH) {
         RMS_BACKWARD_BLOCK_AT(i, head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH, 0);
     }
@@ -1701,50 +1752,88 @@ RMS_ALWAYS_INLINE void rms_backward_row(rms_kind xk, rms_kind wk, ptrdiff_t n,
 #undef RMS_BACKWARD_BLOCK_AT
 }
 
-/* The backward's rows, with or without grad_residual_out (add_residual: a
-   test per block, well predicted; a code path each would double the
-   backward's compile time). */
-RMS_ALWAYS_INLINE void rms_backward_rows_of(rms_kind xk, rms_kind wk, int add_residual,
-                                            const rms_backward_problem *p, ptrdiff_t row_begin,
-                                            ptrdiff_t row_end, const double *weight,
-                                            double *grad_weight_partial)
+/* One backward row's operands, at column `column`, and the same row of
+   the rows `ahead` further on that a streamed write pass asks for (NULL
+   where there is none). Contiguous rows take the kind's size as every
+   element stride, a constant the compiler folds. */
+typedef struct {
+    const char *grad_output, *x, *ahead_grad_output, *ahead_x;
+    char *grad_input;
+    ptrdiff_t grad_output_stride, xs, grad_input_stride;
+    rms_grad_residual gr;
+} rms_backward_row_operands;
+
+RMS_ALWAYS_INLINE rms_backward_row_operands rms_backward_row_at(
+    rms_kind xk, int add_residual, int contiguous, const rms_backward_problem *p, ptrdiff_t r,
+    ptrdiff_t column, ptrdiff_t ahead)
 {
     const ptrdiff_t es = rms_kind_size(xk);
-    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
-    const double eps = rms_load_scalar(eps_kind, p->eps);
+    rms_backward_row_operands o;
+    o.grad_output_stride = contiguous ? es : p->grad_output.stride;
+    o.xs = contiguous ? es : p->x.stride;
+    o.grad_input_stride = contiguous ? es : p->grad_input.stride;
+    o.grad_output = rms_element(rms_element(p->grad_output.data, r, p->grad_output.row_stride),
+                                column, o.grad_output_stride);
+    o.x = rms_element(rms_element(p->x.data, r, p->x.row_stride), column, o.xs);
+    o.grad_input = rms_element_out(
+        rms_element_out(p->grad_input.data, r, p->grad_input.row_stride), column,
+        o.grad_input_stride);
+    o.ahead_grad_output = ahead ? rms_element(o.grad_output, ahead, p->grad_output.row_stride)
+                                : NULL;
+    o.ahead_x = ahead ? rms_element(o.x, ahead, p->x.row_stride) : NULL;
+    o.gr.add_residual = add_residual;
+    o.gr.data = o.gr.ahead = NULL;
+    o.gr.stride = 0;
+    if (add_residual) {
+        o.gr.stride = contiguous ? es : p->grad_residual_out.stride;
+        o.gr.data = rms_element(
+            rms_element(p->grad_residual_out.data, r, p->grad_residual_out.row_stride), column,
+            o.gr.stride);
+        o.gr.ahead =
+            ahead ? rms_element(o.gr.data, ahead, p->grad_residual_out.row_stride) : NULL;
+    }
+    return o;
+}
+
+RMS_ALWAYS_INLINE int rms_backward_is_contiguous(rms_kind xk, int add_residual,
+                                                 const rms_backward_problem *p)
+{
+    const ptrdiff_t es = rms_kind_size(xk);
+    return p->grad_output.stride == es && p->x.stride == es && p->grad_input.stride == es &&
+           (!add_residual || p->grad_residual_out.stride == es);
+}
+
+RMS_ALWAYS_INLINE double rms_backward_eps(rms_kind xk, const rms_backward_problem *p)
+{
+    return rms_load_scalar(xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32, p->eps);
+}
+
+/* The backward's rows, each reduced and then written while still in cache,
+   with or without grad_residual_out (add_residual: a test per block, well
+   predicted; a code path each would double the backward's compile time). */
+RMS_ALWAYS_INLINE void rms_backward_rows_of(rms_kind xk, rms_kind wk, int add_residual,
+                                            int contiguous, const rms_backward_problem *p,
+                                            ptrdiff_t row_begin, ptrdiff_t row_end,
+                                            const double *weight, double *grad_weight_partial)
+{
+    const double eps = rms_backward_eps(xk, p);
     const int w_as_stored = p->weight_offset == NULL;
-    const int contiguous = p->grad_output.stride == es && p->x.stride == es &&
-                           p->grad_input.stride == es &&
-                           (!add_residual || p->grad_residual_out.stride == es);
     /* A write pass asks for the row two on: the next one is already on
        its way, and asked for only one row ahead, its last lines arrive
        after its reduction pass needs them. */
     enum { AHEAD = 2 };
     const ptrdiff_t ahead_end = p->ahead_end > row_end ? p->ahead_end : row_end;
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
-        const char *grad_output = rms_element(p->grad_output.data, r, p->grad_output.row_stride);
-        const char *x = rms_element(p->x.data, r, p->x.row_stride);
-        char *grad_input = rms_element_out(p->grad_input.data, r, p->grad_input.row_stride);
-        const int ahead = contiguous && r + AHEAD < ahead_end;
-        rms_grad_residual gr = {add_residual, NULL, NULL, 0};
-        if (add_residual) {
-            gr.data =
-                rms_element(p->grad_residual_out.data, r, p->grad_residual_out.row_stride);
-            gr.ahead = ahead ? rms_element(gr.data, AHEAD, p->grad_residual_out.row_stride) : NULL;
-            gr.stride = contiguous ? es : p->grad_residual_out.stride;
-        }
-        if (contiguous) {
-            rms_backward_row(
-                xk, wk, p->n, grad_output, es, x, es, weight, p->weight, p->weight_stride,
-                w_as_stored, eps, gr, grad_input, es, grad_weight_partial, p->stream_output,
-                ahead ? rms_element(grad_output, AHEAD, p->grad_output.row_stride) : NULL,
-                ahead ? rms_element(x, AHEAD, p->x.row_stride) : NULL);
-        }
-        else {
-            rms_backward_row(xk, wk, p->n, grad_output, p->grad_output.stride, x, p->x.stride,
-                             weight, p->weight, p->weight_stride, w_as_stored, eps, gr, grad_input,
-                             p->grad_input.stride, grad_weight_partial, 0, NULL, NULL);
-        }
+        const int ahead = contiguous && p->stream_output && r + AHEAD < ahead_end;
+        const rms_backward_row_operands o =
+            rms_backward_row_at(xk, add_residual, contiguous, p, r, 0, ahead ? AHEAD : 0);
+        const rms_backward_plan plan =
+            rms_backward_row_plan(xk, wk, p->n, o.grad_output, o.grad_output_stride, o.x, o.xs,
+                                  weight, w_as_stored, eps);
+        rms_backward_row_write(xk, wk, &plan, p->n, o.grad_output, o.grad_output_stride, o.x,
+                               o.xs, weight, p->weight, p->weight_stride, o.gr, o.grad_input,
+                               o.grad_input_stride, grad_weight_partial,
+                               contiguous && p->stream_output, o.ahead_grad_output, o.ahead_x);
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
         rms_stream_fence();
@@ -1755,8 +1844,88 @@ RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_bac
                                          ptrdiff_t row_begin, ptrdiff_t row_end,
                                          const double *weight, double *grad_weight_partial)
 {
-    rms_backward_rows_of(xk, wk, p->grad_residual_out.data != NULL, p, row_begin, row_end, weight,
-                         grad_weight_partial);
+    const int add_residual = p->grad_residual_out.data != NULL;
+    if (rms_backward_is_contiguous(xk, add_residual, p)) {
+        rms_backward_rows_of(xk, wk, add_residual, 1, p, row_begin, row_end, weight,
+                             grad_weight_partial);
+    }
+    else {
+        rms_backward_rows_of(xk, wk, add_residual, 0, p, row_begin, row_end, weight,
+                             grad_weight_partial);
+    }
+}
+
+/* The tiled backward's two steps (kernels.h): every row's reduction pass,
+   then the rows' write passes over one tile of columns. */
+RMS_ALWAYS_INLINE void rms_plan_backward_rows_of(rms_kind xk, rms_kind wk, int contiguous,
+                                                 const rms_backward_problem *p,
+                                                 ptrdiff_t row_begin, ptrdiff_t row_end,
+                                                 const double *weight, rms_backward_plan *plans)
+{
+    const double eps = rms_backward_eps(xk, p);
+    const int w_as_stored = p->weight_offset == NULL;
+    for (ptrdiff_t r = row_begin; r < row_end; r++) {
+        const rms_backward_row_operands o = rms_backward_row_at(xk, 0, contiguous, p, r, 0, 0);
+        plans[r - row_begin] = rms_backward_row_plan(xk, wk, p->n, o.grad_output,
+                                                     o.grad_output_stride, o.x, o.xs, weight,
+                                                     w_as_stored, eps);
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_plan_backward_rows(rms_kind xk, rms_kind wk,
+                                              const rms_backward_problem *p, ptrdiff_t row_begin,
+                                              ptrdiff_t row_end, const double *weight,
+                                              rms_backward_plan *plans)
+{
+    if (rms_backward_is_contiguous(xk, p->grad_residual_out.data != NULL, p)) {
+        rms_plan_backward_rows_of(xk, wk, 1, p, row_begin, row_end, weight, plans);
+    }
+    else {
+        rms_plan_backward_rows_of(xk, wk, 0, p, row_begin, row_end, weight, plans);
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_write_backward_tile_of(
+    rms_kind xk, rms_kind wk, int add_residual, int contiguous, const rms_backward_problem *p,
+    ptrdiff_t row_begin, ptrdiff_t row_end, const rms_backward_plan *plans,
+    ptrdiff_t column_begin, ptrdiff_t column_end, const double *weight, double *grad_weight_tile)
+{
+    /* A streamed write pass asks for the same tile of the next chunk's
+       rows, which the rows' reduction passes will read next. */
+    const ptrdiff_t ahead = row_end - row_begin;
+    for (ptrdiff_t r = row_begin; r < row_end; r++) {
+        const rms_backward_row_operands o = rms_backward_row_at(
+            xk, add_residual, contiguous, p, r, column_begin,
+            contiguous && p->stream_output && r + ahead < p->ahead_end ? ahead : 0);
+        rms_backward_row_write(xk, wk, &plans[r - row_begin], column_end - column_begin,
+                               o.grad_output, o.grad_output_stride, o.x, o.xs,
+                               weight + column_begin,
+                               rms_element(p->weight, column_begin, p->weight_stride),
+                               p->weight_stride, o.gr, o.grad_input, o.grad_input_stride,
+                               grad_weight_tile, contiguous && p->stream_output,
+                               o.ahead_grad_output, o.ahead_x);
+    }
+    if (RMS_HAVE_STREAM && p->stream_output) {
+        rms_stream_fence();
+    }
+}
+
+RMS_ALWAYS_INLINE void rms_write_backward_tile(rms_kind xk, rms_kind wk,
+                                               const rms_backward_problem *p,
+                                               ptrdiff_t row_begin, ptrdiff_t row_end,
+                                               const rms_backward_plan *plans,
+                                               ptrdiff_t column_begin, ptrdiff_t column_end,
+                                               const double *weight, double *grad_weight_tile)
+{
+    const int add_residual = p->grad_residual_out.data != NULL;
+    if (rms_backward_is_contiguous(xk, add_residual, p)) {
+        rms_write_backward_tile_of(xk, wk, add_residual, 1, p, row_begin, row_end, plans,
+                                   column_begin, column_end, weight, grad_weight_tile);
+    }
+    else {
+        rms_write_backward_tile_of(xk, wk, add_residual, 0, p, row_begin, row_end, plans,
+                                   column_begin, column_end, weight, grad_weight_tile);
+    }
 }
 
 /* The backward's weight as doubles, and grad_weight back into its kind. */
@@ -1796,6 +1965,22 @@ RMS_ALWAYS_INLINE void rms_store_weight(rms_kind wk, ptrdiff_t n, const double *
         rms_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, weight,  \
                           grad_weight_partial);                                            \
     }                                                                                      \
+    static void plan_backward_rows_##name(const rms_backward_problem *p,                   \
+                                          ptrdiff_t row_begin, ptrdiff_t row_end,          \
+                                          const double *weight, rms_backward_plan *plans)  \
+    {                                                                                      \
+        rms_plan_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,     \
+                               weight, plans);                                             \
+    }                                                                                      \
+    static void write_backward_tile_##name(                                                \
+        const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,             \
+        const rms_backward_plan *plans, ptrdiff_t column_begin, ptrdiff_t column_end,      \
+        const double *weight, double *grad_weight_tile)                                    \
+    {                                                                                      \
+        rms_write_backward_tile(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,    \
+                                plans, column_begin, column_end, weight,                   \
+                                grad_weight_tile);                                         \
+    }                                                                                      \
     static void widen_weight_##name(ptrdiff_t n, const char *src, ptrdiff_t src_stride,    \
                                     double *dst)                                           \
     {                                                                                      \
@@ -1810,7 +1995,8 @@ RMS_FOR_EACH_TYPE(RMS_ROW_KERNELS)
 #undef RMS_ROW_KERNELS
 
 #define RMS_TABLE_ENTRY(name, x, weight)                                                   \
-    [RMS_##name] = {forward_rows_##name, backward_rows_##name, widen_weight_##name,        \
-                    store_weight_##name},
+    [RMS_##name] = {forward_rows_##name,       backward_rows_##name,                       \
+                    plan_backward_rows_##name, write_backward_tile_##name,                 \
+                    widen_weight_##name,       store_weight_##name},
 
 #endif
