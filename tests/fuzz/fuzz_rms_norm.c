@@ -15,9 +15,10 @@
  * double written here (16-bit values are encoded, decoded and rounded here
  * too, not by the kernels' own conversions), and everything around the
  * outputs is checked too: inputs unchanged, gaps between strided output
- * elements unchanged, and (under ASan) no byte outside the buffers touched. A rare "big" input runs a problem large
- * enough for the thread pool and checks that 1 and k threads give the same
- * bytes.
+ * elements unchanged, and (under ASan) no byte outside the buffers touched.
+ * A rare "big" input runs a problem large enough for the thread pool, half
+ * of them with rows longer than the backward's 4096-column tile, and checks
+ * that 1 and k threads give the same bytes.
  *
  * Edge values, each in a share of the inputs (LLVMFuzzerTestOneInput):
  *   - 0, -0, +-inf and NaN among the elements of every operand: x and the
@@ -1258,8 +1259,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rms_pool_set_num_threads(s.threads);
 
     if (s.big) {
+        /* 128 x 2048: the pool's threshold; rows past 4096 are written a
+           tile at a time, in chunks of 8 to 15 rows (float32) */
+        const unsigned length = take(&in, 1);
         s.rows = 128;
-        s.n = 2048 + (ptrdiff_t)(take(&in, 1) % 64); /* 128 x 2048: the pool's threshold */
+        s.n = length & 0x80 ? 4097 + (ptrdiff_t)(length & 0x7f) * 31
+                            : 2048 + (ptrdiff_t)(length % 64);
         in.left = 0; /* values from the generator: a few bytes make the whole problem */
     }
     else {
