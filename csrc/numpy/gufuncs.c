@@ -6,12 +6,9 @@
  */
 #include "gufuncs.h"
 
-#include <fenv.h>
-#if defined(__x86_64__) || defined(_M_X64)
-#include <xmmintrin.h>
-#endif
 #include <string.h>
 
+#include "../kernels/fp_env.h"
 #include "../kernels/rms_norm.h"
 #include "numpy_api.h"
 
@@ -52,26 +49,6 @@ static int uses_bfloat16(rms_type type)
     return rms_type_table[type].x == RMS_KIND_BF16 || rms_type_table[type].weight == RMS_KIND_BF16;
 }
 
-/*
- * The kernels' intermediate steps may raise floating-point flags that say
- * nothing about the result (an error term of an overflowing square, which
- * the rescaled path then replaces), and worker threads' flags never reach
- * NumPy at all. So the loops report none: special values show in the
- * output, as in torch.
- *
- * On x86-64 the kernels' arithmetic is SSE's alone, so its flags are all
- * there are to clear, in MXCSR: that costs a quarter of feclearexcept,
- * which saves and reloads the x87 environment too (about 90 ns, a fiftieth
- * of a decoding step's call).
- */
-void rms_discard_fp_flags(void)
-{
-#if defined(__x86_64__) || defined(_M_X64)
-    _mm_setcsr(_mm_getcsr() & ~0x3fu); /* the six exception flags, bits 0 to 5 */
-#else
-    feclearexcept(FE_ALL_EXCEPT);
-#endif
-}
 
 /* A MemoryError that says how much the kernels asked for, and for what;
    from a loop too, which runs without the GIL. */
@@ -141,7 +118,7 @@ static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const
     if (failed_bytes != 0) {
         rms_raise_no_memory(failed_bytes, "the weight offset added to the weight", problem.n);
     }
-    rms_discard_fp_flags();
+    rms_fp_flags_clear(); /* gufuncs.h says why */
 }
 
 /* (m,n)...->(m,n),(n): the (m,n) operands have two core strides each. */
@@ -186,7 +163,7 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
             break;
         }
     }
-    rms_discard_fp_flags();
+    rms_fp_flags_clear(); /* gufuncs.h says why */
 }
 
 /* The type number of each operand, in signature order, for one type. */
