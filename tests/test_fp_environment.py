@@ -4,7 +4,8 @@ Flush-to-zero and denormals-are-zero (``torch.set_flush_denormal(True)``, or
 any library that sets them on the calling thread) and a rounding mode other
 than to nearest (``fesetround``) leave every output the same bytes as in the
 default environment, at one thread and at two: the kernels set the mode they
-need on each thread that runs them and restore the caller's after.
+need on each thread that runs them and restore the caller's after, exception
+flags included.
 """
 
 from __future__ import annotations
@@ -104,3 +105,29 @@ def test_the_callers_mode_is_given_back_after_a_call(restore_num_threads):
             _outputs("forward", x, np.ones(N, np.float32), threads)
             _outputs("backward", x, np.ones(N, np.float32), threads)
             assert not np.any(tiny * np.float32(1.0)), f"flush-to-zero lost at {threads} threads"
+
+
+FE_DIVBYZERO, FE_OVERFLOW, FE_ALL_EXCEPT = 0x04, 0x08, 0x3D  # x86's values
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_callers_exception_flags_are_given_back_as_they_were(threads, restore_num_threads):
+    """Through rmsnorm.torch's raw-buffer path, where NumPy neither clears
+    nor reads the flags: a flag the caller had stays raised, and the overflow
+    of the kernels' own intermediate squares (rows near 1e200, whose
+    squares pass DBL_MAX before the rescaled sum replaces them) does not
+    reach the caller."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the FE_ flags' values are x86's here")
+    import rmsnorm.torch
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    x = torch.full((64, 4096), 1e200, dtype=torch.float64)
+    rmsnorm.set_num_threads(threads)
+    libm.feclearexcept(FE_ALL_EXCEPT)
+    libm.feraiseexcept(FE_DIVBYZERO)
+    y = rmsnorm.torch.rms_norm(x, [4096], eps=1e-6)
+    flags = libm.fetestexcept(FE_ALL_EXCEPT)
+    libm.feclearexcept(FE_ALL_EXCEPT)
+    assert torch.equal(y, torch.ones_like(x)), "the test's premise: an exact, finite result"
+    assert flags & (FE_DIVBYZERO | FE_OVERFLOW) == FE_DIVBYZERO, f"flags after the call: {flags:#x}"

@@ -6,8 +6,10 @@
  * fesetround), and pool workers keep whatever they were started with; each
  * thread sets the mode for the kernels' run and restores its own after, so
  * results are the same bytes whatever the caller's mode and thread count.
- * rms_fp_flags_clear drops the exception flags a run raised, for callers
- * that report none (csrc/numpy/gufuncs.h says why).
+ * The exception flags are given back as they were too: those that the
+ * kernels' intermediate steps raise say nothing about the result (an error
+ * term of an overflowing square, which the rescaled path then replaces),
+ * and a worker's would never reach the caller anyway.
  */
 #ifndef RMSNORM_KERNELS_FP_ENV_H
 #define RMSNORM_KERNELS_FP_ENV_H
@@ -30,21 +32,23 @@ static inline rms_fp_env rms_fp_env_enter(void)
     return saved;
 }
 
+/* MXCSR holds the exception flags too (bits 0 to 5), and the kernels'
+   arithmetic is SSE's alone: one write gives back mode and flags. (fenv's
+   calls cost four times as much: they save and reload the x87 state too.) */
 static inline void rms_fp_env_leave(rms_fp_env saved)
 {
-    if (saved & RMS_MXCSR_CLEARED) {
+    if (_mm_getcsr() != saved) {
         _mm_setcsr(saved);
     }
 }
 
-/* The six exception flags, bits 0 to 5 of MXCSR: the kernels' arithmetic
-   is SSE's alone, and clearing them there costs a quarter of
-   feclearexcept, which saves and reloads the x87 environment too. */
-static inline void rms_fp_flags_clear(void) { _mm_setcsr(_mm_getcsr() & ~0x3fu); }
-
 #elif defined(__aarch64__) && defined(__GNUC__)
 
-typedef unsigned long long rms_fp_env;
+/* The control register (FPCR) and the status register with the flags
+   (FPSR). */
+typedef struct {
+    unsigned long long fpcr, fpsr;
+} rms_fp_env;
 
 /* FPCR: flush-to-zero (FZ, bit 24; FZ16, bit 19) and the rounding mode
    (RMode, bits 22 and 23, 0 for to nearest). */
@@ -53,9 +57,10 @@ typedef unsigned long long rms_fp_env;
 static inline rms_fp_env rms_fp_env_enter(void)
 {
     rms_fp_env saved;
-    __asm__ volatile("mrs %0, fpcr" : "=r"(saved));
-    if (saved & RMS_FPCR_CLEARED) {
-        const rms_fp_env wanted = saved & ~RMS_FPCR_CLEARED;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(saved.fpcr));
+    __asm__ volatile("mrs %0, fpsr" : "=r"(saved.fpsr));
+    if (saved.fpcr & RMS_FPCR_CLEARED) {
+        const unsigned long long wanted = saved.fpcr & ~RMS_FPCR_CLEARED;
         __asm__ volatile("msr fpcr, %0" : : "r"(wanted));
     }
     return saved;
@@ -63,23 +68,26 @@ static inline rms_fp_env rms_fp_env_enter(void)
 
 static inline void rms_fp_env_leave(rms_fp_env saved)
 {
-    if (saved & RMS_FPCR_CLEARED) {
-        __asm__ volatile("msr fpcr, %0" : : "r"(saved));
+    if (saved.fpcr & RMS_FPCR_CLEARED) {
+        __asm__ volatile("msr fpcr, %0" : : "r"(saved.fpcr));
     }
+    __asm__ volatile("msr fpsr, %0" : : "r"(saved.fpsr));
 }
 
-#else /* elsewhere the kernels run in the caller's environment */
-
-typedef int rms_fp_env;
-static inline rms_fp_env rms_fp_env_enter(void) { return 0; }
-static inline void rms_fp_env_leave(rms_fp_env saved) { (void)saved; }
-
-#endif
-
-#if !defined(__x86_64__) && !defined(_M_X64)
+#else /* elsewhere the kernels run in the caller's mode; the flags are C's */
 #include <fenv.h>
 
-static inline void rms_fp_flags_clear(void) { feclearexcept(FE_ALL_EXCEPT); }
+typedef fexcept_t rms_fp_env;
+
+static inline rms_fp_env rms_fp_env_enter(void)
+{
+    rms_fp_env saved;
+    fegetexceptflag(&saved, FE_ALL_EXCEPT);
+    return saved;
+}
+
+static inline void rms_fp_env_leave(rms_fp_env saved) { fesetexceptflag(&saved, FE_ALL_EXCEPT); }
+
 #endif
 
 #endif

@@ -23,7 +23,6 @@
 
 #include <stdint.h>
 
-#include "../kernels/fp_env.h"
 #include "../kernels/rms_norm.h"
 #include "gufuncs.h"
 
@@ -181,9 +180,6 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *const *args, Py_ssize_
     size_t failed_bytes;
     Py_BEGIN_ALLOW_THREADS
     failed_bytes = rms_norm_forward(head.type, &problem, head.rows);
-    /* As the gufunc loops do: the flags of intermediate steps say nothing
-       about the result. */
-    rms_fp_flags_clear(); /* gufuncs.h says why */
     Py_END_ALLOW_THREADS
     if (failed_bytes != 0) {
         rms_raise_no_memory(failed_bytes, "the weight offset added to the weight", n);
@@ -225,7 +221,6 @@ PyObject *rms_backward_buffers(PyObject *module, PyObject *const *args, Py_ssize
     Py_BEGIN_ALLOW_THREADS
     failed_bytes = rms_norm_backward(head.type, &problem, head.rows, grad_weight.data,
                                      grad_weight.stride);
-    rms_fp_flags_clear(); /* gufuncs.h says why */
     Py_END_ALLOW_THREADS
     if (failed_bytes != 0) {
         rms_raise_no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);

@@ -2,13 +2,15 @@
  * The gufuncs: a descriptor table (name, signature, doc, loop) and one loop
  * per gufunc that unpacks NumPy's dimensions and steps into a kernel
  * problem. The loops run with the GIL released and touch no Python object,
- * except to raise MemoryError (taking the GIL for it).
+ * except to raise MemoryError (taking the GIL for it). They report no
+ * floating-point flags: the kernels give the caller's back as they were
+ * (kernels/fp_env.h says why), and special values show in the output, as
+ * in torch.
  */
 #include "gufuncs.h"
 
 #include <string.h>
 
-#include "../kernels/fp_env.h"
 #include "../kernels/rms_norm.h"
 #include "numpy_api.h"
 
@@ -48,7 +50,6 @@ static int uses_bfloat16(rms_type type)
 {
     return rms_type_table[type].x == RMS_KIND_BF16 || rms_type_table[type].weight == RMS_KIND_BF16;
 }
-
 
 /* A MemoryError that says how much the kernels asked for, and for what;
    from a loop too, which runs without the GIL. */
@@ -118,7 +119,6 @@ static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const
     if (failed_bytes != 0) {
         rms_raise_no_memory(failed_bytes, "the weight offset added to the weight", problem.n);
     }
-    rms_fp_flags_clear(); /* gufuncs.h says why */
 }
 
 /* (m,n)...->(m,n),(n): the (m,n) operands have two core strides each. */
@@ -163,7 +163,6 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
             break;
         }
     }
-    rms_fp_flags_clear(); /* gufuncs.h says why */
 }
 
 /* The type number of each operand, in signature order, for one type. */

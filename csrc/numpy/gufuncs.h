@@ -16,15 +16,6 @@ int rms_register_bfloat16(PyObject *module, int type_num);
    have and what for; takes the GIL where the caller does not hold it. */
 void rms_raise_no_memory(size_t bytes, const char *what, Py_ssize_t n);
 
-/*
- * The kernels' intermediate steps may raise floating-point flags that say
- * nothing about the result (an error term of an overflowing square, which
- * the rescaled path then replaces), and worker threads' flags never reach
- * NumPy at all. So the loops and the raw-buffer calls report none, and
- * clear the flags after each run (rms_fp_flags_clear, kernels/fp_env.h):
- * special values show in the output, as in torch.
- */
-
 /* The (x, weight, eps) dtype names of every loop, in the order NumPy tries
    them: a new reference, or NULL with an exception set. */
 PyObject *rms_dtype_pairs(void);
