@@ -182,7 +182,7 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *const *args, Py_ssize_
     failed_bytes = rms_norm_forward(head.type, &problem, head.rows);
     Py_END_ALLOW_THREADS
     if (failed_bytes != 0) {
-        rms_raise_no_memory(failed_bytes, "the weight offset added to the weight", n);
+        rms_raise_no_memory(failed_bytes, RMS_FORWARD_SCRATCH, n);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -223,7 +223,7 @@ PyObject *rms_backward_buffers(PyObject *module, PyObject *const *args, Py_ssize
                                      grad_weight.stride);
     Py_END_ALLOW_THREADS
     if (failed_bytes != 0) {
-        rms_raise_no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);
+        rms_raise_no_memory(failed_bytes, RMS_BACKWARD_SCRATCH, n);
         return NULL;
     }
     Py_RETURN_NONE;

@@ -117,7 +117,7 @@ static void forward_loop(char **args, npy_intp const *dimensions, npy_intp const
     }
     const size_t failed_bytes = rms_norm_forward(params->type, &problem, dimensions[0]);
     if (failed_bytes != 0) {
-        rms_raise_no_memory(failed_bytes, "the weight offset added to the weight", problem.n);
+        rms_raise_no_memory(failed_bytes, RMS_FORWARD_SCRATCH, problem.n);
     }
 }
 
@@ -159,7 +159,7 @@ static void backward_loop(char **args, npy_intp const *dimensions, npy_intp cons
             rms_norm_backward(params->type, &problem, m,
                               args[grad_weight] + i * steps[grad_weight], grad_weight_core[0]);
         if (failed_bytes != 0) {
-            rms_raise_no_memory(failed_bytes, "the weight and grad_weight's sums as doubles", n);
+            rms_raise_no_memory(failed_bytes, RMS_BACKWARD_SCRATCH, n);
             break;
         }
     }

@@ -16,6 +16,10 @@ int rms_register_bfloat16(PyObject *module, int type_num);
    have and what for; takes the GIL where the caller does not hold it. */
 void rms_raise_no_memory(size_t bytes, const char *what, Py_ssize_t n);
 
+/* What the forward's and the backward's scratch holds, for that message. */
+#define RMS_FORWARD_SCRATCH "the weight offset added to the weight"
+#define RMS_BACKWARD_SCRATCH "the weight and grad_weight's sum as doubles"
+
 /* The (x, weight, eps) dtype names of every loop, in the order NumPy tries
    them: a new reference, or NULL with an exception set. */
 PyObject *rms_dtype_pairs(void);
