@@ -14,6 +14,13 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 
+def pytest_make_parametrize_id(config, val, argname):
+    """A dtype parameter's id is its name ("float16", not "dtype2")."""
+    if isinstance(val, np.dtype) or (isinstance(val, type) and issubclass(val, np.generic)):
+        return np.dtype(val).name
+    return None
+
+
 @pytest.fixture
 def rng():
     """A fresh, seeded generator per test, so every test is reproducible alone."""

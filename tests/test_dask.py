@@ -26,10 +26,6 @@ dask = pytest.importorskip("dask")
 DTYPES = [np.float16, np.float32, np.float64]
 
 
-def dtype_id(dtype):
-    return np.dtype(dtype).name
-
-
 @pytest.fixture(autouse=True)
 def threaded_scheduler():
     with dask.config.set(scheduler="threads", num_workers=4):
@@ -48,7 +44,7 @@ def make(shape, dtype, seed=0):
 # The gufunc.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, chunks", [
     ((64, 33), (7, 33)),            # rows in uneven blocks
     ((6, 10, 128), (4, 3, 128)),    # two batch dimensions, both chunked
@@ -104,7 +100,7 @@ def test_dask_drops_dtype_given_to_a_gufunc():
     assert y.compute().dtype == np.float64
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_dtype_probe_builds_the_graph_quietly(dtype):
     # Without output_dtypes, dask learns the result dtype by calling the
     # gufunc on a one-element, zero-filled block. With eps=0 that row is 0/0:
@@ -157,7 +153,7 @@ def test_backward_gufunc_on_dask_blocks_of_rows():
 # The functional and module layers.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("normalized_shape, chunks", [
     (24, (3, 2, 24)),
     ((5, 24), (3, 5, 24)),          # two normalised dims: folded by reshape

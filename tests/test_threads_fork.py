@@ -24,10 +24,6 @@ SECONDS = 1.0
 DTYPES = [np.float32, np.float64]
 
 
-def dtype_id(dtype):
-    return np.dtype(dtype).name
-
-
 def problem(dtype, seed=3):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(SHAPE).astype(dtype)
@@ -49,7 +45,7 @@ def with_threads(request, restore_num_threads):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_threads):
     args = problem(dtype)
     results = {}
@@ -63,7 +59,7 @@ def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_thread
             assert one == many, f"{what} differs between 1 and {threads} threads"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_four_python_threads_at_once_give_one_threads_bytes(dtype, with_threads):
     args = problem(dtype)
     expected = run_both(*args)
@@ -158,7 +154,7 @@ def _run_in_child(dtype, threads):
 
 
 @pytest.mark.parametrize("child_threads", [1, 2], ids=lambda n: f"child_threads={n}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_child_forked_after_the_pool_ran_computes_correctly(dtype, child_threads,
                                                             restore_num_threads):
     rmsnorm.set_num_threads(2)

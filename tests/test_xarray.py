@@ -19,10 +19,6 @@ xr = pytest.importorskip("xarray", reason="xarray is optional")
 DTYPES = [np.float32, np.float64]
 
 
-def dtype_id(dtype):
-    return np.dtype(dtype).name
-
-
 @pytest.fixture(autouse=True)
 def threaded_scheduler():
     try:
@@ -66,7 +62,7 @@ def assert_same_bytes(actual, expected, what):
     assert_close_ulp(actual, expected, rtol=0.0, atol=0.0, what=f"{what} (expected bit-identical)")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden_axis", [0, 1, 2], ids=lambda a: f"hidden-at-axis-{a}")
 def test_apply_ufunc_normalises_over_the_named_dimension(hidden_axis, dtype):
     data = activations(dtype, hidden_axis)
