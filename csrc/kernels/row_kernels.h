@@ -1716,11 +1716,10 @@ RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
     const rms_vf minus_mean_float = rms_vf_set((float)-plan->mean);
 
     const ptrdiff_t size = rms_kind_size(xk);
-    const ptrdiff_t n = count;
-    const ptrdiff_t head = rms_unaligned_head(grad_input, grad_input_stride, size, n);
+    const ptrdiff_t head = rms_unaligned_head(grad_input, grad_input_stride, size, count);
     const int streamed = rms_can_stream(
         stream, rms_element_out(grad_input, head, grad_input_stride), grad_input_stride, size);
-#define RMS_BACKWARD_BLOCK_AT(at, count, stream_block)                                            \
+#define RMS_BACKWARD_BLOCK_AT(at, block_count, stream_block)                                      \
     rms_backward_any_block(xk, wk, in_float, rms_element(grad_output, at, grad_output_stride),    \
                            grad_output_stride, rms_element(x, at, xs), xs, w + (at),              \
                            rms_element(w_stored, at, ws), ws, grad_weight + (at),                 \
@@ -1728,12 +1727,12 @@ RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
                            gr.add_residual ? rms_element(gr.data, at, gr.stride) : NULL,          \
                            gr.stride,                                                             \
                            rms_element_out(grad_input, at, grad_input_stride), grad_input_stride, \
-                           count, inv, mean, inv_float, minus_mean_float, stream_block)
+                           block_count, inv, mean, inv_float, minus_mean_float, stream_block)
     ptrdiff_t i;
     for (i = 0; i < head; i += RMS_VF_WIDTH) {
         RMS_BACKWARD_BLOCK_AT(i, head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH, 0);
     }
-    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
+    for (i = head; i + RMS_LANES <= count; i += RMS_LANES) {
         if (streamed && ahead_x != NULL) {
             rms_prefetch(rms_element(ahead_grad_output, i, grad_output_stride),
                          RMS_LANES * grad_output_stride);
@@ -1746,8 +1745,8 @@ RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
             RMS_BACKWARD_BLOCK_AT(i + b, RMS_VF_WIDTH, streamed);
         }
     }
-    for (; i < n; i += RMS_VF_WIDTH) {
-        RMS_BACKWARD_BLOCK_AT(i, n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH, 0);
+    for (; i < count; i += RMS_VF_WIDTH) {
+        RMS_BACKWARD_BLOCK_AT(i, count - i < RMS_VF_WIDTH ? count - i : RMS_VF_WIDTH, 0);
     }
 #undef RMS_BACKWARD_BLOCK_AT
 }
