@@ -119,14 +119,16 @@ RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
     return rms_top_halves(_mm512_add_epi32(_mm512_castps_si512(v), _mm512_set1_epi32(bias)));
 }
 
-/* Whether rms_vf_top16_biased(v, a) and (v, b) agree in every lane: one
-   test of the 32-bit sums, without narrowing both. */
+/* Whether rms_vf_top16_biased(v, a) and (v, b) agree in every lane, for
+   0 <= a < b < 2^16. The two sums differ above bit 16 only where adding b
+   carries out of the low 16 bits and adding a does not: where the low 16
+   bits of v + b fall below b - a. v + b is the sum that
+   rms_vf_top16_biased(v, b) makes too, so the test costs two operations. */
 RMS_ALWAYS_INLINE int rms_vf_top16_agree(rms_vf v, int32_t a, int32_t b)
 {
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i differ = _mm512_xor_si512(_mm512_add_epi32(bits, _mm512_set1_epi32(a)),
-                                            _mm512_add_epi32(bits, _mm512_set1_epi32(b)));
-    return _mm512_test_epi32_mask(differ, _mm512_set1_epi32((int32_t)0xffff0000u)) == 0;
+    const __m512i low = _mm512_and_si512(
+        _mm512_add_epi32(_mm512_castps_si512(v), _mm512_set1_epi32(b)), _mm512_set1_epi32(0xffff));
+    return _mm512_cmplt_epu32_mask(low, _mm512_set1_epi32(b - a)) == 0;
 }
 
 RMS_ALWAYS_INLINE int rms_vh_equal(rms_vh a, rms_vh b)

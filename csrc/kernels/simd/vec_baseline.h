@@ -34,7 +34,8 @@
  *   rms_vf_top16_biased(v, bias)        the top 16 bits of each float's
  *                               pattern plus bias: bfloat16 bits rounded half
  *                               up (0x8000) or down (0x7fff), or off by ulps
- *   rms_vf_top16_agree(v, a, b)         whether those agree for biases a and b
+ *   rms_vf_top16_agree(v, a, b)         whether those agree for biases a and b,
+ *                               0 <= a < b < 2^16
  *   rms_vh_equal(a, b), rms_vh_store(p, v, stream)
  *   rms_vf_any_abnormal(v)      whether some lane is subnormal, infinite or NaN
  *
