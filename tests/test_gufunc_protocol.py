@@ -14,6 +14,7 @@ import pytest
 
 import rmsnorm
 from rmsnorm import reference
+from rmsnorm._dtypes import BF16
 from closeness import assert_close_ulp, reference_grad_scales
 
 DTYPES = [np.float32, np.float64]
@@ -168,6 +169,39 @@ def test_forward_broadcasts_one_row_against_many_weights(dtype):
     assert y.shape == (4, 1, n)
     for k in range(4):
         assert_bitwise_equal(y[k, 0], rmsnorm.forward(x, weights[k, 0], 1e-5), f"weight {k}")
+
+
+# The forward makes the weight as its write passes read it (as floats for
+# 16-bit x, as offset + weight in double-double with an offset) once per
+# call where every row shares it, and per chunk of rows, row by row, where
+# rows have weights or offsets of their own: the two ways must agree.
+OWN = {
+    "weight": lambda rows, n, w, rng: (rng.uniform(-1, 1, (rows, n)), None),
+    "weight+offset": lambda rows, n, w, rng: (rng.uniform(-1, 1, (rows, n)), 0.5),
+    "offset": lambda rows, n, w, rng: (np.broadcast_to(w, (rows, n)), np.linspace(-1, 2, rows)),
+    "both": lambda rows, n, w, rng: (rng.uniform(-1, 1, (rows, n)), np.linspace(-1, 2, rows)),
+}
+
+
+@pytest.mark.parametrize("own", OWN)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16]
+                         + ([BF16] if BF16 is not None else []))
+def test_rows_with_weights_or_offsets_of_their_own_give_each_rows_bytes_alone(dtype, own):
+    rows, n = 20, 4097  # two chunks of rows
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((rows, n)).astype(dtype)
+    weights, offsets = OWN[own](rows, n, rng.uniform(-1, 1, n), rng)
+    weights = weights.astype(dtype)
+    eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
+    if offsets is None:
+        y = rmsnorm.forward(x, weights, eps)
+        alone = [rmsnorm.forward(x[r], weights[r], eps) for r in range(rows)]
+    else:
+        y = rmsnorm.forward_offset(x, weights, offsets, eps)
+        row_offsets = np.broadcast_to(offsets, (rows,))
+        alone = [rmsnorm.forward_offset(x[r], weights[r], row_offsets[r], eps) for r in range(rows)]
+    for r in range(rows):
+        assert_bitwise_equal(y[r], alone[r], f"row {r}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -9,6 +9,8 @@
 #define RMSNORM_KERNELS_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 #include "rms_norm.h"
 
@@ -57,12 +59,60 @@ typedef struct {
                                 ptrdiff_t row_end, const rms_backward_plan *plans,
                                 ptrdiff_t column_begin, ptrdiff_t column_end,
                                 const double *weight, double *grad_weight_tile);
+    /* The forward's weight as its write passes read it: offset + weight
+       as n doubles hi + lo where offset is not NULL, and as n floats where
+       floats is not NULL (16-bit x). Returns whether the fast 16-bit write
+       may take those floats. */
+    int (*prepare_forward_weight)(ptrdiff_t n, const char *w, ptrdiff_t ws, const double *offset,
+                                  double *hi, double *lo, float *floats);
     /* The backward's weight as n doubles, read once per call rather than
        converted again on every row. */
     void (*widen_weight)(ptrdiff_t n, const char *src, ptrdiff_t src_stride, double *dst);
     /* grad_weight, n doubles, rounded once into the weight's kind. */
     void (*store_weight)(ptrdiff_t n, const double *src, char *dst, ptrdiff_t dst_stride);
 } rms_kernels;
+
+/*
+ * Memory for the forward's weight as its write passes read it
+ * (prepare_forward_weight): offset + weight as n doubles hi and n doubles
+ * lo with an offset, n floats for 16-bit x; free memory when done.
+ */
+typedef struct {
+    char *memory;
+    double *hi, *lo; /* NULL without an offset */
+    float *floats;   /* NULL without floats */
+} rms_forward_weight_scratch;
+
+/* Returns 0, having allocated what is asked for (none of it where only the
+   floats cannot be had: rows then go in double), or the bytes an offset's
+   doubles needed and could not have, having allocated nothing. */
+static inline size_t rms_forward_weight_scratch_alloc(rms_forward_weight_scratch *scratch,
+                                                      ptrdiff_t n, int with_floats,
+                                                      int with_offset)
+{
+    rms_forward_weight_scratch none = {NULL, NULL, NULL, NULL};
+    *scratch = none;
+    if ((size_t)n > SIZE_MAX / (2 * sizeof(double) + sizeof(float))) {
+        return SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
+    }
+    const size_t floats_bytes = with_floats ? (size_t)n * sizeof(float) : 0;
+    const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
+    if (floats_bytes + offset_bytes == 0) {
+        return 0;
+    }
+    scratch->memory = malloc(offset_bytes + floats_bytes);
+    if (scratch->memory == NULL) {
+        return offset_bytes > 0 ? offset_bytes + floats_bytes : 0;
+    }
+    if (with_offset) {
+        scratch->hi = (double *)(void *)scratch->memory; /* first: malloc aligns for doubles */
+        scratch->lo = scratch->hi + n;
+    }
+    if (with_floats) {
+        scratch->floats = (float *)(void *)(scratch->memory + offset_bytes);
+    }
+    return 0;
+}
 
 /* Instruction sets, from the most portable to the widest. */
 typedef enum {

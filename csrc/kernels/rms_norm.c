@@ -151,31 +151,72 @@ static char *packed_weight(rms_kind kind, ptrdiff_t n, const char *data, ptrdiff
     return packed;
 }
 
+/*
+ * Where every row shares the weight and the offset, the weight as the
+ * forward's write passes read it, made once for the call rather than once
+ * per chunk of rows (kernels.h, prepare_forward_weight). Returns 0, or the
+ * bytes an offset's doubles needed and could not have.
+ */
+static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels,
+                                     rms_forward_problem *p, rms_forward_weight_scratch *scratch)
+{
+    const int with_offset = p->weight_offset != NULL;
+    const size_t failed_bytes = rms_forward_weight_scratch_alloc(
+        scratch, p->n, rms_kind_size(rms_type_table[type].x) == 2, with_offset);
+    if (failed_bytes != 0) {
+        return failed_bytes;
+    }
+    double offset = 0.0;
+    if (with_offset) {
+        memcpy(&offset, p->weight_offset, sizeof offset);
+    }
+    const int usable =
+        kernels->prepare_forward_weight(p->n, p->weight.data, p->weight.stride,
+                                        with_offset ? &offset : NULL, scratch->hi, scratch->lo,
+                                        scratch->floats);
+    p->weight_prepared = 1;
+    p->weight_hi = scratch->hi;
+    p->weight_lo = scratch->lo;
+    p->weight_floats = usable ? scratch->floats : NULL;
+    return 0;
+}
+
 size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdiff_t rows)
 {
     rms_forward_problem p = *problem;
     p.stream_output = streams_output(rows, p.n, p.y.stride);
+    p.weight_prepared = 0;
     if (!has_weight_offset(p.weight_offset, p.weight_offset_stride, rows)) {
         p.weight_offset = NULL;
     }
+    forward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
+    row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
+    atomic_init(&job.failed_bytes, 0);
+    if (job.chunks.count == 0) {
+        return 0;
+    }
     const rms_kind weight_kind = rms_type_table[type].weight;
-    char *packed = p.weight.row_stride == 0 && rows > 0
+    char *packed = p.weight.row_stride == 0
                        ? packed_weight(weight_kind, p.n, p.weight.data, p.weight.stride)
                        : NULL;
     if (packed != NULL) {
         p.weight.data = packed;
         p.weight.stride = rms_kind_size(weight_kind);
     }
-    forward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
-    row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
-    atomic_init(&job.failed_bytes, 0);
-    if (job.chunks.count > 0) {
-        const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
-        rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
-        rms_fp_env_leave(saved);
+    const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
+    size_t failed_bytes = 0;
+    rms_forward_weight_scratch prepared = {NULL, NULL, NULL, NULL};
+    if (p.weight.row_stride == 0 && (p.weight_offset == NULL || p.weight_offset_stride == 0)) {
+        failed_bytes = prepare_forward_weight(type, job.kernels, &p, &prepared);
     }
+    if (failed_bytes == 0) {
+        rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
+        failed_bytes = atomic_load(&job.failed_bytes);
+    }
+    rms_fp_env_leave(saved);
+    free(prepared.memory);
     free(packed);
-    return atomic_load(&job.failed_bytes);
+    return failed_bytes;
 }
 
 /*

@@ -49,6 +49,13 @@ typedef struct {
     /* Write y with non-temporal stores where the instruction set has them:
        set by the driver for outputs too large to stay in cache. */
     int stream_output;
+    /* The weight as the write passes read it (prepare_forward_weight in
+       kernels.h), made by the driver once per call where every row shares
+       the weight and the offset; forward_rows makes its own, per chunk of
+       rows, where weight_prepared is 0. */
+    int weight_prepared;
+    const double *weight_hi, *weight_lo; /* offset + weight; NULL without an offset */
+    const float *weight_floats;          /* NULL: no fast 16-bit write */
 } rms_forward_problem;
 
 typedef struct {

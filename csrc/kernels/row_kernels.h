@@ -1169,6 +1169,24 @@ RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w,
     return floats_usable;
 }
 
+/* The forward's weight as a row's write pass reads it (rms_row_weight),
+   as prepare_forward_weight says (kernels.h); floats only for 16-bit x. */
+RMS_ALWAYS_INLINE int rms_prepare_forward_weight(rms_kind xk, rms_kind wk, ptrdiff_t n,
+                                                 const char *w, ptrdiff_t ws, const double *offset,
+                                                 double *hi, double *lo, float *floats)
+{
+    if (!rms_has_fast16(xk)) {
+        floats = NULL; /* a constant: the types without the fast write compile no floats */
+    }
+    if (offset != NULL) {
+        return rms_offset_weight(wk, n, w, ws, *offset, hi, lo, floats);
+    }
+    if (floats != NULL) {
+        rms_weight_floats(wk, n, w, ws, floats);
+    }
+    return 1;
+}
+
 /* Row r's source, as rms_row_source says; with every stride unit_stride
    where that is not 0 (contiguous rows: a constant to the compiler). */
 RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int with_residual,
@@ -1187,14 +1205,16 @@ RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int
 
 /*
  * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
- * weight as floats: converted (a float32 one copied) once for rows that
- * share it, rather than in every row's write (a tenth of the float16
- * forward); with an offset, offset + weight is formed likewise, as doubles
- * and as floats. Where the floats' memory cannot be had, rows go in
- * double; returns 0, or, where an offset's 2n doubles cannot be had, the
- * bytes asked for, having written nothing. Contiguous rows get the strides as constants,
- * which lets each block be one vector load or store, and the next row's
- * reduction pass rides in the current row's write.
+ * weight as floats, and with an offset the write takes offset + weight as
+ * doubles (rms_prepare_forward_weight): where the driver has not made them
+ * once for the call (rows with weights or offsets of their own), they are
+ * made here, once for the rows that share them, rather than in every
+ * row's write (a tenth of the float16 forward). Where the floats' memory
+ * cannot be had, rows go in double; returns 0, or, where an offset's 2n
+ * doubles cannot be had, the bytes asked for, having written nothing.
+ * Contiguous rows get the strides as constants, which lets each block be
+ * one vector load or store, and the next row's reduction pass rides in the
+ * current row's write.
  */
 RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
                                              const rms_forward_problem *p, ptrdiff_t row_begin,
@@ -1205,19 +1225,17 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         return 0;
     }
     const int with_offset = p->weight_offset != NULL;
-    if ((size_t)n > SIZE_MAX / (2 * sizeof(double) + sizeof(float))) {
-        return SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
+    rms_row_weight w = {NULL, p->weight.stride, p->weight_hi, p->weight_lo, p->weight_floats};
+    rms_forward_weight_scratch scratch = {NULL, NULL, NULL, NULL};
+    if (!p->weight_prepared) {
+        const size_t failed_bytes =
+            rms_forward_weight_scratch_alloc(&scratch, n, rms_has_fast16(xk), with_offset);
+        if (failed_bytes != 0) {
+            return failed_bytes;
+        }
+        w.hi = scratch.hi;
+        w.lo = scratch.lo;
     }
-    const size_t floats_bytes = rms_has_fast16(xk) ? (size_t)n * sizeof(float) : 0;
-    const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
-    char *scratch = floats_bytes + offset_bytes > 0 ? malloc(offset_bytes + floats_bytes) : NULL;
-    if (scratch == NULL && offset_bytes > 0) {
-        return offset_bytes + floats_bytes;
-    }
-    double *w_hi = with_offset ? (double *)scratch : NULL; /* first: malloc aligns for doubles */
-    double *w_lo = with_offset ? w_hi + n : NULL;
-    float *w_floats = scratch != NULL && floats_bytes > 0 ? (float *)(scratch + offset_bytes) : NULL;
-    rms_row_weight w = {NULL, p->weight.stride, w_hi, w_lo, w_floats};
 
     const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
@@ -1237,17 +1255,17 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         w.data = rms_element(p->weight.data, r, p->weight.row_stride);
         char *y = rms_element_out(p->y.data, r, p->y.row_stride);
         const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
-        if (r == row_begin || weight_per_row) {
+        if (!p->weight_prepared && (r == row_begin || weight_per_row)) {
+            double offset = 0.0;
             if (with_offset) {
-                const double offset = rms_load_scalar(
-                    RMS_KIND_F64, rms_element(p->weight_offset, r, p->weight_offset_stride));
-                const int usable =
-                    rms_offset_weight(wk, n, w.data, w.stride, offset, w_hi, w_lo, w_floats);
-                w.floats = usable ? w_floats : NULL;
+                offset = rms_load_scalar(RMS_KIND_F64,
+                                         rms_element(p->weight_offset, r, p->weight_offset_stride));
             }
-            else if (w_floats != NULL) {
-                rms_weight_floats(wk, n, w.data, w.stride, w_floats);
-            }
+            const int usable =
+                rms_prepare_forward_weight(xk, wk, n, w.data, w.stride,
+                                           with_offset ? &offset : NULL, scratch.hi, scratch.lo,
+                                           scratch.floats);
+            w.floats = usable ? scratch.floats : NULL;
         }
         const rms_row_source src = rms_source_of(p, with_residual, r, contiguous ? es : 0);
         const char *values = with_residual ? src.sum : src.x;
@@ -1280,7 +1298,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
     if (RMS_HAVE_STREAM && p->stream_output) {
         rms_stream_fence(); /* streamed stores are seen before the caller reads y */
     }
-    free(scratch);
+    free(scratch.memory);
     return 0;
 }
 
@@ -2001,6 +2019,13 @@ RMS_ALWAYS_INLINE void rms_store_weight(rms_kind wk, ptrdiff_t n, const double *
                                 plans, column_begin, column_end, weight,                   \
                                 grad_weight_tile);                                         \
     }                                                                                      \
+    static int prepare_forward_weight_##name(ptrdiff_t n, const char *w, ptrdiff_t ws,     \
+                                             const double *offset, double *hi, double *lo, \
+                                             float *floats)                                \
+    {                                                                                      \
+        return rms_prepare_forward_weight(RMS_KIND_##x, RMS_KIND_##weight, n, w, ws,       \
+                                          offset, hi, lo, floats);                         \
+    }                                                                                      \
     static void widen_weight_##name(ptrdiff_t n, const char *src, ptrdiff_t src_stride,    \
                                     double *dst)                                           \
     {                                                                                      \
@@ -2017,6 +2042,7 @@ RMS_FOR_EACH_TYPE(RMS_ROW_KERNELS)
 #define RMS_TABLE_ENTRY(name, x, weight)                                                   \
     [RMS_##name] = {forward_rows_##name,       backward_rows_##name,                       \
                     plan_backward_rows_##name, write_backward_tile_##name,                 \
+                    prepare_forward_weight_##name,                                         \
                     widen_weight_##name,       store_weight_##name},
 
 #endif
