@@ -278,6 +278,19 @@ RMS_ALWAYS_INLINE void rms_accumulate(int compensated, rms_vd *sum, rms_vd *comp
     }
 }
 
+/* Adds the squares of block b of RMS_LANES elements, times scale where
+   scaled, into its lanes. */
+RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, rms_lanes *lanes, int b,
+                                             const rms_block *v, int scaled, double scale)
+{
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        const rms_vd e = scaled ? rms_vd_mul(v->part[h], rms_vd_set(scale)) : v->part[h];
+        const int k = b * RMS_VD_PER_VF + h;
+        rms_accumulate(!rms_kind_is_float_exact(xk), &lanes->sum[k], &lanes->comp[k], e, e);
+    }
+}
+
 /* Adds the squares of x[i, i + count), count <= RMS_LANES, times scale
    where scaled, into lanes 0 to count - 1. */
 RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, rms_lanes *lanes, const char *x, ptrdiff_t xs,
@@ -290,13 +303,8 @@ RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, rms_lanes *lanes, const char
             break;
         }
         const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
-        rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, block_count);
-        RMS_UNROLL
-        for (int h = 0; h < RMS_VD_PER_VF; h++) {
-            const rms_vd e = scaled ? rms_vd_mul(v.part[h], rms_vd_set(scale)) : v.part[h];
-            const int k = b * RMS_VD_PER_VF + h;
-            rms_accumulate(!rms_kind_is_float_exact(xk), &lanes->sum[k], &lanes->comp[k], e, e);
-        }
+        const rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, block_count);
+        rms_add_block_squares(xk, lanes, b, &v, scaled, scale);
     }
 }
 
@@ -861,25 +869,36 @@ typedef struct {
 } rms_row_source;
 
 /*
- * sum = x + residual over [i, i + count), rounded once to x's kind as
- * NumPy's and torch's own add round it. 16-bit kinds add in float: the
- * float sum is exact unless one addend is below 2^-13 of the other, too
- * small to move the sum to a 16-bit midpoint, so its rounding to 16 bits
- * is the exact sum's.
+ * The reduction pass over [i, i + count), count <= RMS_LANES, of a row
+ * with a residual: sum = x + residual, rounded once to x's kind as NumPy's
+ * and torch's own add round it, written to src->sum, and its squares into
+ * lanes. 16-bit kinds add in float: the float sum is exact unless one
+ * addend is below 2^-13 of the other, too small to move the sum to a
+ * 16-bit midpoint, so its rounding to 16 bits is the exact sum's. The
+ * squares are taken from the registers that hold the sum, not read back
+ * from src->sum: a load right after a store of another width waits for
+ * the store to reach the cache (the fused float32 forward took three times
+ * as long as the plain one on an AMD Zen 5).
  */
-RMS_ALWAYS_INLINE void rms_add_residual(rms_kind xk, const rms_row_source *src, ptrdiff_t i,
-                                        ptrdiff_t count)
+RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
+                                                const rms_row_source *src, ptrdiff_t i,
+                                                ptrdiff_t count)
 {
-    for (ptrdiff_t b = 0; b < count; b += RMS_VF_WIDTH) {
-        const ptrdiff_t at = i + b;
-        const ptrdiff_t block_count = count - b < RMS_VF_WIDTH ? count - b : RMS_VF_WIDTH;
+    RMS_UNROLL
+    for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
+        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
+        if (offset >= count) {
+            break;
+        }
+        const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
+        const ptrdiff_t at = i + offset;
         const char *x = rms_element(src->x, at, src->x_stride);
         const char *r = rms_element(src->residual, at, src->residual_stride);
         char *sum = rms_element_out(src->sum, at, src->sum_stride);
+        rms_block sv;
         if (xk == RMS_KIND_F64) {
             const rms_block xv = rms_load_doubles(xk, x, src->x_stride, block_count);
             const rms_block rv = rms_load_doubles(xk, r, src->residual_stride, block_count);
-            rms_block sv;
             RMS_UNROLL
             for (int h = 0; h < RMS_VD_PER_VF; h++) {
                 sv.part[h] = rms_vd_add(xv.part[h], rv.part[h]);
@@ -887,10 +906,16 @@ RMS_ALWAYS_INLINE void rms_add_residual(rms_kind xk, const rms_row_source *src, 
             rms_store_doubles(sum, src->sum_stride, block_count, &sv, 0);
         }
         else {
-            const rms_vf sv = rms_vf_add(rms_load_floats(xk, x, src->x_stride, block_count),
-                                         rms_load_floats(xk, r, src->residual_stride, block_count));
-            rms_store_floats(xk, sum, src->sum_stride, block_count, sv, 0);
+            const rms_vf rounded = rms_vf_round(
+                xk, rms_vf_add(rms_load_floats(xk, x, src->x_stride, block_count),
+                               rms_load_floats(xk, r, src->residual_stride, block_count)));
+            rms_store_floats(xk, sum, src->sum_stride, block_count, rounded, 0);
+            RMS_UNROLL
+            for (int h = 0; h < RMS_VD_PER_VF; h++) {
+                sv.part[h] = rms_vd_widen(rounded, h);
+            }
         }
+        rms_add_block_squares(xk, lanes, b, &sv, 0, 1.0);
     }
 }
 
@@ -900,8 +925,7 @@ RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lane
                                         const rms_row_source *src, ptrdiff_t i, ptrdiff_t count)
 {
     if (with_residual) {
-        rms_add_residual(xk, src, i, count);
-        rms_add_squares(xk, lanes, src->sum, src->sum_stride, i, count, 0, 1.0);
+        rms_add_residual_squares(xk, lanes, src, i, count);
     }
     else {
         rms_add_squares(xk, lanes, src->x, src->x_stride, i, count, 0, 1.0);

@@ -96,16 +96,23 @@ RMS_ALWAYS_INLINE rms_vh rms_top_halves(__m256i bits)
     return _mm_packus_epi32(_mm256_castsi256_si128(shifted), _mm256_extracti128_si256(shifted, 1));
 }
 
-/* float to bfloat16 bits, to nearest even, NaN kept quiet. */
-RMS_ALWAYS_INLINE rms_vh rms_vf_to_bf16(rms_vf v)
+/* float to bfloat16, to nearest even, NaN kept quiet, in the top halves of
+   the lanes (the low halves are what was rounded away, plus carries). */
+RMS_ALWAYS_INLINE __m256i rms_vf_bf16_in_top_halves(rms_vf v)
 {
     const __m256i bits = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    const __m256i rounded =
+        _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     const __m256i quiet = _mm256_or_si256(bits, _mm256_set1_epi32(0x400000));
-    rounded = _mm256_blendv_epi8(rounded, quiet, nan);
-    return rms_top_halves(rounded);
+    return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+/* float to bfloat16 bits, as rms_vf_bf16_in_top_halves rounds. */
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_bf16(rms_vf v)
+{
+    return rms_top_halves(rms_vf_bf16_in_top_halves(v));
 }
 
 /* float to float16 bits, to nearest even. */
@@ -162,6 +169,21 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
     }
     else {
         _mm_storeu_si128((__m128i *)(void *)p, v);
+    }
+}
+
+/* v rounded once to a 32- or 16-bit kind, as rms_vf_store stores it, and
+   widened back to float (exact). */
+RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        return _mm256_cvtph_ps(rms_vf_to_float16(v));
+    case RMS_KIND_BF16:
+        return _mm256_castsi256_ps(
+            _mm256_and_si256(rms_vf_bf16_in_top_halves(v), _mm256_set1_epi32((int)0xffff0000u)));
+    default:
+        return v;
     }
 }
 

@@ -94,16 +94,24 @@ RMS_ALWAYS_INLINE __m256i rms_top_halves(__m512i bits)
     return _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd_words, bits));
 }
 
-/* float to bfloat16 bits, to nearest even, NaN kept quiet. Not AVX512-BF16's
-   vcvtneps2bf16: it flushes subnormal inputs and outputs to zero. */
-RMS_ALWAYS_INLINE __m256i rms_vf_to_bf16(rms_vf v)
+/* float to bfloat16, to nearest even, NaN kept quiet, in the top halves of
+   the lanes (the low halves are what was rounded away, plus carries). Not
+   AVX512-BF16's vcvtneps2bf16: it flushes subnormal inputs and outputs to
+   zero. */
+RMS_ALWAYS_INLINE __m512i rms_vf_bf16_in_top_halves(rms_vf v)
 {
     const __m512i bits = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __m512i rounded =
+        _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
     const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x400000));
-    return rms_top_halves(rounded);
+    return _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x400000));
+}
+
+/* float to bfloat16 bits, as rms_vf_bf16_in_top_halves rounds. */
+RMS_ALWAYS_INLINE __m256i rms_vf_to_bf16(rms_vf v)
+{
+    return rms_top_halves(rms_vf_bf16_in_top_halves(v));
 }
 
 /* float to float16 bits, to nearest even. */
@@ -154,6 +162,21 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
     }
     else {
         _mm256_storeu_si256((__m256i *)(void *)p, v);
+    }
+}
+
+/* v rounded once to a 32- or 16-bit kind, as rms_vf_store stores it, and
+   widened back to float (exact). */
+RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        return _mm512_cvtph_ps(rms_vf_to_float16(v));
+    case RMS_KIND_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_and_si512(rms_vf_bf16_in_top_halves(v), _mm512_set1_epi32((int)0xffff0000u)));
+    default:
+        return v;
     }
 }
 

@@ -14,6 +14,7 @@
  *                               patterns, float16 or bfloat16)
  *   rms_vf_load(kind, p)        RMS_VF_WIDTH elements widened to float (exact)
  *   rms_vf_store(kind, p, v, stream)    narrowed, each rounded once to nearest
+ *   rms_vf_round(kind, v)       rounded as rms_vf_store rounds, kept as floats
  *   rms_vd_load(p), rms_vd_store(p, v, stream)    doubles
  *   rms_vd_widen(v, part)       floats to doubles, part of RMS_VF_WIDTH / RMS_VD_WIDTH
  *   rms_vd_load_widened(kind, p, parts) RMS_VF_WIDTH elements of a 32- or 16-bit
@@ -143,6 +144,18 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
 }
 
 RMS_ALWAYS_INLINE rms_vh rms_vf_to_float16(rms_vf v) { return rms_float_to_half(v); }
+
+RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
+{
+    switch (kind) {
+    case RMS_KIND_F16:
+        return rms_half_to_float(rms_float_to_half(v));
+    case RMS_KIND_BF16:
+        return rms_bfloat16_to_float(rms_float_to_bfloat16(v));
+    default:
+        return v;
+    }
+}
 
 RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
 {
