@@ -1,6 +1,12 @@
 """The largest differences from torch over a grid of parity cases, per dtype.
 
-    python benchmarks/torch_parity.py
+    python benchmarks/torch_parity.py        # the NumPy functions
+    python benchmarks/torch_parity.py --op   # rmsnorm.torch's op, autograd
+
+The first compares rmsnorm.rms_norm and rms_norm_backward, on float32 and
+float64 arrays, with torch.nn.functional.rms_norm and its autograd. The
+second compares rmsnorm.torch.rms_norm, its gradients taken by
+torch.autograd, with the same, on tensors of every dtype the kernels serve.
 
 For the forward: the largest absolute difference and the largest distance in
 ULPs of the dtype. For each gradient: the largest absolute difference, and
@@ -12,6 +18,7 @@ they come.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import warnings
 
@@ -62,9 +69,66 @@ def worst_differences(dtype, rng) -> dict[str, float]:
     return worst
 
 
+# Significant bits and the smallest normal exponent of each tensor dtype.
+FORMATS = {torch.float16: (11, -14), torch.bfloat16: (8, -126), torch.float32: (24, -126),
+           torch.float64: (53, -1022)}
+
+
+def ulps_of(values: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """The spacing of dtype at each of values (float64), subnormals included."""
+    bits, min_exponent = FORMATS[dtype]
+    _, exponent = np.frexp(np.abs(values))  # |v| = m 2^exponent, 0.5 <= m < 1
+    return np.ldexp(1.0, np.maximum(exponent - 1, min_exponent) - (bits - 1))
+
+
+def op_worst_differences(dtype: torch.dtype, rng) -> dict[str, float]:
+    """As worst_differences, through rmsnorm.torch.rms_norm and autograd."""
+    import rmsnorm.torch
+
+    worst = dict.fromkeys(["forward abs", "forward ULP", "grad_input abs", "grad_input scaled",
+                           "grad_weight abs", "grad_weight scaled"], 0.0)
+    for (shape, dims), eps, affine in itertools.product(SHAPES, EPS, [True, False]):
+        x = torch.from_numpy(rng.standard_normal(shape) * (3 if eps == -0.5 else 1)).to(dtype)
+        normalized_shape = list(shape[-dims:])
+        weight = (torch.from_numpy(rng.uniform(0.5, 1.5, normalized_shape)).to(dtype)
+                  if affine else None)
+        grad_output = torch.from_numpy(rng.standard_normal(shape)).to(dtype)
+        results = []
+        for rms_norm in (torch.nn.functional.rms_norm, rmsnorm.torch.rms_norm):
+            tx = x.clone().requires_grad_()
+            tw = weight.clone().requires_grad_() if affine else None
+            y = rms_norm(tx, normalized_shape, tw, eps)
+            y.backward(grad_output)
+            results.append((y.detach(), tx.grad, None if tw is None else tw.grad))
+        (expected_y, *theirs), (y, *ours) = results
+        expected = expected_y.double().numpy()
+        diff = np.abs(y.double().numpy() - expected)
+        worst["forward abs"] = max(worst["forward abs"], diff.max())
+        worst["forward ULP"] = max(worst["forward ULP"], (diff / ulps_of(expected, dtype)).max())
+        for name, mine, torch_grad in zip(["grad_input", "grad_weight"], ours, theirs):
+            if torch_grad is None:
+                continue
+            torch_grad = torch_grad.double().numpy()
+            diff = np.abs(mine.double().numpy() - torch_grad).max()
+            worst[f"{name} abs"] = max(worst[f"{name} abs"], diff)
+            worst[f"{name} scaled"] = max(worst[f"{name} scaled"],
+                                          diff / max(1.0, np.abs(torch_grad).max()))
+    return worst
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--op", action="store_true",
+                        help="through rmsnorm.torch's op and autograd, every dtype")
+    args = parser.parse_args()
     warnings.filterwarnings("ignore", message="Mismatch dtype")
     rng = np.random.default_rng(0)
+    if args.op:
+        for dtype in FORMATS:
+            worst = op_worst_differences(dtype, rng)
+            print(str(dtype).removeprefix("torch.") + ": "
+                  + ", ".join(f"{k} {v:.3g}" for k, v in worst.items()))
+        return
     for dtype in (np.float32, np.float64):
         worst = worst_differences(dtype, rng)
         print(np.dtype(dtype).name + ": " + ", ".join(f"{k} {v:.3g}" for k, v in worst.items()))
