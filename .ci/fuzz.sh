@@ -53,7 +53,7 @@ for i in $(seq 1 64); do
     LC_ALL=C awk -v seed="$i" 'BEGIN { srand(seed); n = 5 + int(rand() * 2995);
         for (k = 0; k < n; k++) printf "%c", int(rand() * 256) }' >"$build/corpus/seed-$i"
 done
-echo "+ fuzz_rms_norm for ${seconds} s"
+echo "+ [${SECONDS}s] fuzz_rms_norm for ${seconds} s"
 status=0
 ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:allocator_may_return_null=1" \
 UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
@@ -71,4 +71,4 @@ if [ "$status" -ne 0 ]; then
     echo "reproduce: $build/fuzz_rms_norm $build/artifacts/<file>" >&2
     exit 1
 fi
-echo "fuzzing: no crash, no sanitizer report, no wrong result"
+echo "fuzzing: no crash, no sanitizer report, no wrong result (${SECONDS}s)"

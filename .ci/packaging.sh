@@ -34,7 +34,7 @@ mkdir "$work/src"
 git ls-files -z --cached --others --exclude-standard |
     while IFS= read -r -d '' path; do [ -f "$path" ] && printf '%s\0' "$path"; done |
     tar --null -T - -cf - | tar -xf - -C "$work/src"
-echo "+ python -m build"
+echo "+ [${SECONDS}s] python -m build"
 "$python" -m build --outdir "$work/dist" "$work/src"
 sdist=("$work"/dist/rmsnorm-*.tar.gz)
 wheel=("$work"/dist/rmsnorm-*.whl)
@@ -125,7 +125,7 @@ PY
         tail -n 1 "$venv/demo.txt"
     )
 }
-echo "+ installing the wheel into a fresh venv"
+echo "+ [${SECONDS}s] installing the wheel into a fresh venv"
 check_install "$work/venv"
 if "$work/venv/bin/python" -c "import torch" 2>/dev/null; then
     echo "torch is installed in the fresh venv: it must not be a requirement" >&2

@@ -66,7 +66,7 @@ for path in sys.stdin.buffer.read().decode().split("\0"):
     shutil.copy2(path, os.path.join(work, path))
 ' "$work"
 
-echo "+ build rmsnorm._core with -fsanitize=address,undefined in $work"
+echo "+ [${SECONDS}s] build rmsnorm._core with -fsanitize=address,undefined in $work"
 (
     cd "$work"
     RMSNORM_EXTRA_CFLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
@@ -108,7 +108,7 @@ assert "libasan" in linked and "libubsan" in linked, linked
 print("sanitized build:", core.__file__)
 EOF
 
-echo "+ pytest under ASan + UBSan + LeakSanitizer"
+echo "+ [${SECONDS}s] pytest under ASan + UBSan + LeakSanitizer"
 status=0
 "$python" -m pytest -q -p no:cacheprovider "$work/tests" "$@" || status=$?
 unset LD_PRELOAD
@@ -116,5 +116,5 @@ if [ "$status" -ne 0 ]; then
     echo "sanitizer run failed (exit $status; 23 is LeakSanitizer's)" >&2
     exit "$status"
 fi
-echo "sanitizers: no reports"
+echo "sanitizers: no reports (${SECONDS}s)"
 cd "$repo"
