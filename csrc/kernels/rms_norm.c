@@ -154,8 +154,8 @@ static char *packed_weight(rms_kind kind, ptrdiff_t n, const char *data, ptrdiff
 /*
  * Where every row shares the weight and the offset, the weight as the
  * forward's write passes read it, made once for the call rather than once
- * per chunk of rows (kernels.h, prepare_forward_weight). Returns 0, or the
- * bytes an offset's doubles needed and could not have.
+ * per row (kernels.h, prepare_forward_weight). Returns 0, or the bytes an
+ * offset's doubles needed and could not have.
  */
 static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels,
                                      rms_forward_problem *p, rms_forward_weight_scratch *scratch)
@@ -166,6 +166,10 @@ static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels,
     if (failed_bytes != 0) {
         return failed_bytes;
     }
+    p->weight_prepared = 1;
+    if (scratch->memory == NULL) {
+        return 0; /* nothing to make: float32 or float64 without an offset */
+    }
     double offset = 0.0;
     if (with_offset) {
         memcpy(&offset, p->weight_offset, sizeof offset);
@@ -174,7 +178,6 @@ static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels,
         kernels->prepare_forward_weight(p->n, p->weight.data, p->weight.stride,
                                         with_offset ? &offset : NULL, scratch->hi, scratch->lo,
                                         scratch->floats);
-    p->weight_prepared = 1;
     p->weight_hi = scratch->hi;
     p->weight_lo = scratch->lo;
     p->weight_floats = usable ? scratch->floats : NULL;
@@ -186,6 +189,8 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
     rms_forward_problem p = *problem;
     p.stream_output = streams_output(rows, p.n, p.y.stride);
     p.weight_prepared = 0;
+    p.weight_hi = p.weight_lo = NULL;
+    p.weight_floats = NULL;
     if (!has_weight_offset(p.weight_offset, p.weight_offset_stride, rows)) {
         p.weight_offset = NULL;
     }

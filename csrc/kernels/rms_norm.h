@@ -72,10 +72,10 @@ typedef struct {
     rms_matrix grad_input;
     int stream_output; /* as in rms_forward_problem */
     /* A streamed row's write pass asks for a row further on (backward_rows
-       and write_backward_tile say which); rows before ahead_end may be asked for even past the
-       end of the rows at hand. The driver sets it to the problem's row
-       count when one thread takes every chunk, and to 0 otherwise, where
-       the next chunk is likely another thread's. */
+       and write_backward_tile say which); rows before ahead_end may be
+       asked for even past the end of the rows at hand. The driver sets it
+       to the problem's row count when one thread takes every chunk, and to
+       0 otherwise, where the next chunk is likely another thread's. */
     ptrdiff_t ahead_end;
 } rms_backward_problem;
 
@@ -84,9 +84,10 @@ typedef struct {
  * pool when it is large enough to pay. Results are the same bytes for any
  * thread count.
  */
-/* Returns 0, or the bytes of scratch memory a chunk of rows could not have
-   (2n doubles per thread, for a weight offset); that chunk's rows of y are
-   left unwritten. */
+/* Returns 0, or the bytes of scratch memory it could not have for a weight
+   offset (2n doubles: once for the call, or per chunk of rows where rows
+   have weights or offsets of their own, when that chunk's rows of y are
+   left unwritten). */
 size_t rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows);
 
 /* Also writes grad_weight, the sum over rows, in the weight's kind.

@@ -1231,9 +1231,8 @@ RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int
  * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
  * weight as floats, and with an offset the write takes offset + weight as
  * doubles (rms_prepare_forward_weight): where the driver has not made them
- * once for the call (rows with weights or offsets of their own), they are
- * made here, once for the rows that share them, rather than in every
- * row's write (a tenth of the float16 forward). Where the floats' memory
+ * once for the call, rows have weights or offsets of their own, and each
+ * row's are made here. Where the floats' memory
  * cannot be had, rows go in double; returns 0, or, where an offset's 2n
  * doubles cannot be had, the bytes asked for, having written nothing.
  * Contiguous rows get the strides as constants, which lets each block be
@@ -1266,8 +1265,6 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
     const int contiguous =
         p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
         (!with_residual || (p->residual.stride == es && p->residual_out.stride == es));
-    const int weight_per_row =
-        p->weight.row_stride != 0 || (with_offset && p->weight_offset_stride != 0);
     rms_dd sum_squares = {0.0, 0.0};
     if (contiguous) {
         rms_lanes lanes;
@@ -1279,7 +1276,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         w.data = rms_element(p->weight.data, r, p->weight.row_stride);
         char *y = rms_element_out(p->y.data, r, p->y.row_stride);
         const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
-        if (!p->weight_prepared && (r == row_begin || weight_per_row)) {
+        if (!p->weight_prepared) { /* rows with weights or offsets of their own */
             double offset = 0.0;
             if (with_offset) {
                 offset = rms_load_scalar(RMS_KIND_F64,
