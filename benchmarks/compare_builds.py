@@ -1,6 +1,6 @@
 """Two builds of the kernels side by side: is a change faster or slower?
 
-    python benchmarks/compare_builds.py OTHER_CORE_SO [--repeats N]
+    python benchmarks/compare_builds.py OTHER_CORE_SO [--repeats N] [--fused]
 
 OTHER_CORE_SO is the ``rmsnorm/_core*.so`` of another build, for example one
 of an older commit made with ``git worktree add /tmp/old COMMIT`` and
@@ -8,7 +8,9 @@ of an older commit made with ``git worktree add /tmp/old COMMIT`` and
 installed rmsnorm, and each shape's forward and backward gufuncs (``out=``
 given, one thread) are timed in both builds, interleaved repeat by repeat,
 with ``np.copyto`` of the same bytes: the ratios are of one run, on the same
-arrays, so machine noise hits both builds alike.
+arrays, so machine noise hits both builds alike. With ``--fused``, the
+fused residual add's gufuncs instead: ``add_forward`` (``out=(y, h)``, h
+an array of its own) and ``add_backward``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import importlib.machinery
 import importlib.util
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -39,22 +42,25 @@ def load_other(path: Path):
     return module
 
 
-def time_shape(other, rows: int, n: int, dtype, repeats: int) -> dict:
-    """Median seconds of the copy and of each build's forward and backward."""
+def time_shape(other, rows: int, n: int, dtype, repeats: int, fused: bool) -> dict:
+    """Median seconds of the copy and of each build's forward and backward
+    (with fused, add_forward and add_backward)."""
     rng = np.random.default_rng(0)
-    x = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
-    dy = page_aligned(rng.standard_normal((rows, n)).astype(dtype))
+    x, dy, residual, dh = (page_aligned(rng.standard_normal((rows, n)).astype(dtype))
+                           for _ in range(4))
     w = page_aligned(rng.uniform(0.5, 1.5, n).astype(dtype))
     eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
-    y, dx, scratch = (at_page_offset(x.shape, dtype, 0) for _ in range(3))
+    y, h, dx, scratch = (at_page_offset(x.shape, dtype, 0) for _ in range(4))
     dw = at_page_offset(w.shape, dtype, 0)
-    candidates = {
-        "copy": lambda: np.copyto(scratch, x),
-        "fwd this": lambda: rmsnorm.forward(x, w, eps, out=y),
-        "fwd other": lambda: other.forward(x, w, eps, out=y),
-        "bwd this": lambda: rmsnorm.backward(dy, x, w, eps, out=(dx, dw)),
-        "bwd other": lambda: other.backward(dy, x, w, eps, out=(dx, dw)),
-    }
+    candidates = {"copy": lambda: np.copyto(scratch, x)}
+    for name, build in (("this", rmsnorm), ("other", other)):
+        if fused:
+            candidates[f"fwd {name}"] = partial(build.add_forward, x, residual, w, eps, out=(y, h))
+            candidates[f"bwd {name}"] = partial(build.add_backward, dy, dh, x, w, eps,
+                                                out=(dx, dw))
+        else:
+            candidates[f"fwd {name}"] = partial(build.forward, x, w, eps, out=y)
+            candidates[f"bwd {name}"] = partial(build.backward, dy, x, w, eps, out=(dx, dw))
     for fn in candidates.values():  # warm-up
         sample_seconds(fn, 0.01)
     samples = {name: [] for name in candidates}
@@ -70,6 +76,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats (median)")
     parser.add_argument("--dtypes", default=",".join(DTYPES),
                         help=f"comma-separated dtypes (default {','.join(DTYPES)})")
+    parser.add_argument("--fused", action="store_true",
+                        help="time add_forward and add_backward instead")
     args = parser.parse_args(argv)
     other = load_other(args.other)
     dtypes = [resolve_dtype(name) for name in args.dtypes.split(",")]
@@ -78,11 +86,12 @@ def main(argv=None) -> int:
     rmsnorm.set_num_threads(1)
     other.set_num_threads(1)
     print(f"this build: {rmsnorm._core.__file__}\nother build: {args.other}\n")
-    print("| shape | dtype | fwd / copy: this | other | bwd / copy: this | other |")
+    fwd, bwd = ("add_forward", "add_backward") if args.fused else ("fwd", "bwd")
+    print(f"| shape | dtype | {fwd} / copy: this | other | {bwd} / copy: this | other |")
     print("| --- | --- | --- | --- | --- | --- |")
     for rows, n in SHAPES:
         for dtype in dtypes:
-            t = time_shape(other, rows, n, dtype, args.repeats)
+            t = time_shape(other, rows, n, dtype, args.repeats, args.fused)
             c = t["copy"]
             print(f"| {rows}x{n} | {dtype.name} | {t['fwd this'] / c:.2f} "
                   f"| {t['fwd other'] / c:.2f} | {t['bwd this'] / c:.2f} "
