@@ -25,10 +25,12 @@ keep_build=0
 cleanup() { if [ "$keep_build" = 0 ]; then rm -rf "$build"; fi; }
 trap cleanup EXIT
 
-# Coverage without comparison tracing: the kernels' and the checks' inner
-# loops would spend most of the time in it, and the inputs steer the harness
-# through a few header bytes that plain coverage finds well enough.
-flags=(-g -O1 -std=c11 -pthread -ffp-contract=off -fno-math-errno
+# -g1: line tables, enough for a report's stack, and cheaper to compile than
+# full debug information. Coverage without comparison tracing: the kernels'
+# and the checks' inner loops would spend most of the time in it, and the
+# inputs steer the harness through a few header bytes that plain coverage
+# finds well enough.
+flags=(-g1 -O1 -std=c11 -pthread -ffp-contract=off -fno-math-errno
        -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -fno-sanitize-coverage=trace-cmp)
 
