@@ -74,7 +74,7 @@ FORMATS = {torch.float16: (11, -14), torch.bfloat16: (8, -126), torch.float32: (
            torch.float64: (53, -1022)}
 
 
-def ulps_of(values: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+def ulps_of(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """The spacing of dtype at each of values (float64), subnormals included."""
     bits, min_exponent = FORMATS[dtype]
     _, exponent = np.frexp(np.abs(values))  # |v| = m 2^exponent, 0.5 <= m < 1

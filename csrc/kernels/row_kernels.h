@@ -1232,9 +1232,9 @@ RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int
  * weight as floats, and with an offset the write takes offset + weight as
  * doubles (rms_prepare_forward_weight): where the driver has not made them
  * once for the call, rows have weights or offsets of their own, and each
- * row's are made here. Where the floats' memory
- * cannot be had, rows go in double; returns 0, or, where an offset's 2n
- * doubles cannot be had, the bytes asked for, having written nothing.
+ * row's are made here. Where the floats' memory cannot be had, rows go in
+ * double; returns 0, or, where an offset's 2n doubles cannot be had, the
+ * bytes asked for, having written nothing.
  * Contiguous rows get the strides as constants, which lets each block be
  * one vector load or store, and the next row's reduction pass rides in the
  * current row's write.
