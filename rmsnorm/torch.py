@@ -223,11 +223,20 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     numel = input.numel()
     rows = numel // n if n else 0
     nbytes = numel * _ITEM_SIZES[kernel_type]
-    y = _empty_like(input, nbytes)
+    # A decoding step's operands, small and contiguous, are taken inline
+    # (the first branch of _empty_like, _operand and _weight_operand): at
+    # that size each Python call costs a tenth of the kernels.
+    contiguous = input.is_contiguous()
+    small = nbytes < _HUGE_PAGES_MIN_BYTES and contiguous
+    y = torch.empty_like(input) if small else _empty_like(input, nbytes)
     residual_out = None if residual is None else _empty_like(input, nbytes)
     if rows:
-        x, x_arg = _operand(input, rows, n)
-        weight_row, weight_arg = _weight_operand(weight, input, n)
+        x, x_arg = (input, input.data_ptr()) if contiguous else _operand(input, rows, n)
+        weight_row, weight_arg = (
+            (weight, weight.data_ptr())
+            if weight is not None and weight.is_contiguous()
+            else _weight_operand(weight, input, n)
+        )
         residual_rows, residual_arg = (
             (None, None) if residual is None else _operand(residual, rows, n)
         )
@@ -398,32 +407,40 @@ def _(grad_output, grad_residual_out, residual_out, normalized_shape, weight, ep
     return _fake_gradients(residual_out, shape, weight)
 
 
-def _traced(*tensors) -> bool:
-    """Whether something other than eager autograd must see the call: a
-    compiler or tracer, a dispatch or torch-function mode, or a tensor
-    subclass (FakeTensor among them). Such calls go through the ops; the
-    rest may call the implementations directly."""
+# How a call the kernels serve runs, by _route.
+_DIRECT = 0  # the implementation, called directly: nothing records or traces it
+_AUTOGRAD = 1  # an autograd.Function over the implementation: eager autograd records it
+_THROUGH_OP = 2  # the op, through torch's dispatcher: something else must see it
+
+
+def _route(*tensors) -> int:
+    """How a call on these tensors runs. Through the op where something
+    other than eager autograd must see it: a compiler or tracer, a dispatch
+    or torch-function mode, or a tensor subclass (FakeTensor among them)."""
     if _is_compiling():  # first: torch.compile reads it as True, and traces nothing after
-        return True
+        return _THROUGH_OP
     for t in tensors:
         if t is not None and type(t) not in _PLAIN_TENSORS:
-            return True
-    return _dispatch_modes() > 0 or _torch_function_mode_enabled() or _tracing_state() is not None
+            return _THROUGH_OP
+    if _dispatch_modes() > 0 or _torch_function_mode_enabled() or _tracing_state() is not None:
+        return _THROUGH_OP
+    if _is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return _AUTOGRAD
+    return _DIRECT
 
 
-# What _traced takes for a tensor no tracer or subclass stands behind: a
+# What _route takes for a tensor no tracer or subclass stands behind: a
 # module's weight is a Parameter.
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-# Looked up once: _traced runs on every call, where each attribute lookup counts.
+# Looked up once: _route runs on every call, where each attribute lookup counts.
 _functorch_transforms_active = torch._C._are_functorch_transforms_active  # torch.func
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
 _tracing_state = torch._C._get_tracing_state  # torch.jit.trace's
-
-
-def _records_grad(*tensors) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+_is_grad_enabled = torch.is_grad_enabled
 
 
 # Autograd: the forward saves its input (for add_rms_norm, the sum it
@@ -443,7 +460,7 @@ def _rms_norm_grads(ctx, grad_output):
     arguments = (grad_output, input, ctx.shape, weight, ctx.eps, ctx.weight_offset)
     # Through the op where autograd records this backward (create_graph=True)
     # or a tracer sees it: there the second backward meets its refusal.
-    if _traced(grad_output, input, weight) or torch.is_grad_enabled():
+    if _is_grad_enabled() or _route(grad_output, input, weight) == _THROUGH_OP:
         grad_input, grad_weight = _rms_norm_backward_op(*arguments)
     else:
         grad_input, grad_weight = _backward(_served_type(input, weight), *arguments)
@@ -458,7 +475,8 @@ def _setup_add_rms_norm(ctx, inputs, output):
 
 def _add_rms_norm_grads(ctx, grad_output, grad_residual_out):
     residual_out, weight = ctx.saved_tensors
-    if _traced(grad_output, grad_residual_out, residual_out, weight) or torch.is_grad_enabled():
+    route = _route(grad_output, grad_residual_out, residual_out, weight)
+    if _is_grad_enabled() or route == _THROUGH_OP:
         grad_input, grad_weight = _add_rms_norm_backward_op(
             grad_output,
             grad_residual_out,
@@ -561,11 +579,12 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.
     kernel_type = _kernel_type(input, weight)
     if kernel_type is None or _functorch_transforms_active():
         return torch.nn.functional.rms_norm(input, shape, _factor(weight, weight_offset), eps)
-    if _traced(input, weight):
-        return _rms_norm_op(input, shape, weight, eps, weight_offset)
-    if _records_grad(input, weight):
+    route = _route(input, weight)
+    if route == _DIRECT:
+        return _forward(kernel_type, input, shape, weight, eps, weight_offset)
+    if route == _AUTOGRAD:
         return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
-    return _forward(kernel_type, input, shape, weight, eps, weight_offset)
+    return _rms_norm_op(input, shape, weight, eps, weight_offset)
 
 
 def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
@@ -594,11 +613,12 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, we
         residual_out = input + residual
         factor = _factor(weight, weight_offset)
         return torch.nn.functional.rms_norm(residual_out, shape, factor, eps), residual_out
-    if _traced(input, residual, weight):
-        return _add_rms_norm_op(input, residual, shape, weight, eps, weight_offset)
-    if _records_grad(input, residual, weight):
+    route = _route(input, residual, weight)
+    if route == _DIRECT:
+        return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
+    if route == _AUTOGRAD:
         return _EagerAddRMSNorm.apply(input, residual, shape, weight, eps, weight_offset)
-    return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
+    return _add_rms_norm_op(input, residual, shape, weight, eps, weight_offset)
 
 
 class RMSNorm(torch.nn.RMSNorm):
