@@ -906,10 +906,17 @@ RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
             rms_store_doubles(sum, src->sum_stride, block_count, &sv, 0);
         }
         else {
-            const rms_vf rounded = rms_vf_round(
-                xk, rms_vf_add(rms_load_floats(xk, x, src->x_stride, block_count),
-                               rms_load_floats(xk, r, src->residual_stride, block_count)));
-            rms_store_floats(xk, sum, src->sum_stride, block_count, rounded, 0);
+            /* 16-bit sums narrowed once, then stored and widened back */
+            rms_vf rounded = rms_vf_add(rms_load_floats(xk, x, src->x_stride, block_count),
+                                        rms_load_floats(xk, r, src->residual_stride, block_count));
+            if (xk == RMS_KIND_F32) {
+                rms_store_floats(xk, sum, src->sum_stride, block_count, rounded, 0);
+            }
+            else {
+                const rms_vh narrowed = rms_vf_narrow16(xk, rounded);
+                rms_store_halves(sum, src->sum_stride, block_count, narrowed, 0);
+                rounded = rms_vh_widen(xk, narrowed);
+            }
             RMS_UNROLL
             for (int h = 0; h < RMS_VD_PER_VF; h++) {
                 sv.part[h] = rms_vd_widen(rounded, h);

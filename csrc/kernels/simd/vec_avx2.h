@@ -73,19 +73,22 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
     return _mm256_andnot_pd(infinite, value);
 }
 
+/* 8 float16 or bfloat16 patterns widened to float (exact). */
+RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
+{
+    if (kind == RMS_KIND_F16) {
+        return _mm256_cvtph_ps(h);
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* Loads 8 elements of a 32- or 16-bit kind, widened to float (exact). */
 RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
 {
-    switch (kind) {
-    case RMS_KIND_F16:
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
-    case RMS_KIND_BF16: {
-        __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-    }
-    default:
+    if (kind == RMS_KIND_F32) {
         return _mm256_loadu_ps((const float *)(const void *)p);
     }
+    return rms_vh_widen(kind, _mm_loadu_si128((const __m128i *)(const void *)p));
 }
 
 /* The top halves of 8 32-bit lanes, as unsigned 16-bit values, packed in
@@ -172,19 +175,11 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
     }
 }
 
-/* v rounded once to a 32- or 16-bit kind, as rms_vf_store stores it, and
-   widened back to float (exact). */
-RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
+/* 8 floats to float16 or bfloat16 patterns, each rounded once to nearest,
+   ties to even. */
+RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
 {
-    switch (kind) {
-    case RMS_KIND_F16:
-        return _mm256_cvtph_ps(rms_vf_to_float16(v));
-    case RMS_KIND_BF16:
-        return _mm256_castsi256_ps(
-            _mm256_and_si256(rms_vf_bf16_in_top_halves(v), _mm256_set1_epi32((int)0xffff0000u)));
-    default:
-        return v;
-    }
+    return kind == RMS_KIND_F16 ? rms_vf_to_float16(v) : rms_vf_to_bf16(v);
 }
 
 /* Stores 8 floats narrowed to a 32- or 16-bit kind, each rounded once to
@@ -192,21 +187,14 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
    bypass the cache. */
 RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
 {
-    switch (kind) {
-    case RMS_KIND_F16:
-        rms_vh_store(p, rms_vf_to_float16(v), stream);
-        return;
-    case RMS_KIND_BF16:
-        rms_vh_store(p, rms_vf_to_bf16(v), stream);
-        return;
-    default:
-        if (stream) {
-            _mm256_stream_ps((float *)(void *)p, v);
-        }
-        else {
-            _mm256_storeu_ps((float *)(void *)p, v);
-        }
-        return;
+    if (kind != RMS_KIND_F32) {
+        rms_vh_store(p, rms_vf_narrow16(kind, v), stream);
+    }
+    else if (stream) {
+        _mm256_stream_ps((float *)(void *)p, v);
+    }
+    else {
+        _mm256_storeu_ps((float *)(void *)p, v);
     }
 }
 

@@ -69,19 +69,22 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
     return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, 0x08 | 0x10), value);
 }
 
+/* 16 float16 or bfloat16 patterns widened to float (exact). */
+RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
+{
+    if (kind == RMS_KIND_F16) {
+        return _mm512_cvtph_ps(h);
+    }
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* Loads 16 elements of a 32- or 16-bit kind, widened to float (exact). */
 RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
 {
-    switch (kind) {
-    case RMS_KIND_F16:
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
-    case RMS_KIND_BF16: {
-        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-    }
-    default:
+    if (kind == RMS_KIND_F32) {
         return _mm512_loadu_ps((const float *)(const void *)p);
     }
+    return rms_vh_widen(kind, _mm256_loadu_si256((const __m256i *)(const void *)p));
 }
 
 /* The top halves of 16 32-bit lanes, packed in order. One word permute:
@@ -165,19 +168,11 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
     }
 }
 
-/* v rounded once to a 32- or 16-bit kind, as rms_vf_store stores it, and
-   widened back to float (exact). */
-RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
+/* 16 floats to float16 or bfloat16 patterns, each rounded once to nearest,
+   ties to even. */
+RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
 {
-    switch (kind) {
-    case RMS_KIND_F16:
-        return _mm512_cvtph_ps(rms_vf_to_float16(v));
-    case RMS_KIND_BF16:
-        return _mm512_castsi512_ps(
-            _mm512_and_si512(rms_vf_bf16_in_top_halves(v), _mm512_set1_epi32((int)0xffff0000u)));
-    default:
-        return v;
-    }
+    return kind == RMS_KIND_F16 ? rms_vf_to_float16(v) : rms_vf_to_bf16(v);
 }
 
 /* Stores 16 floats narrowed to a 32- or 16-bit kind, each rounded once to
@@ -185,21 +180,14 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
    bypass the cache. */
 RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
 {
-    switch (kind) {
-    case RMS_KIND_F16:
-        rms_vh_store(p, rms_vf_to_float16(v), stream);
-        return;
-    case RMS_KIND_BF16:
-        rms_vh_store(p, rms_vf_to_bf16(v), stream);
-        return;
-    default:
-        if (stream) {
-            _mm512_stream_ps((float *)(void *)p, v);
-        }
-        else {
-            _mm512_storeu_ps((float *)(void *)p, v);
-        }
-        return;
+    if (kind != RMS_KIND_F32) {
+        rms_vh_store(p, rms_vf_narrow16(kind, v), stream);
+    }
+    else if (stream) {
+        _mm512_stream_ps((float *)(void *)p, v);
+    }
+    else {
+        _mm512_storeu_ps((float *)(void *)p, v);
     }
 }
 

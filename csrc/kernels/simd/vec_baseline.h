@@ -14,7 +14,9 @@
  *                               patterns, float16 or bfloat16)
  *   rms_vf_load(kind, p)        RMS_VF_WIDTH elements widened to float (exact)
  *   rms_vf_store(kind, p, v, stream)    narrowed, each rounded once to nearest
- *   rms_vf_round(kind, v)       rounded as rms_vf_store rounds, kept as floats
+ *   rms_vh_widen(kind, h)       float16 or bfloat16 patterns to floats (exact)
+ *   rms_vf_narrow16(kind, v)    floats to float16 or bfloat16 patterns, as
+ *                               rms_vf_store rounds them
  *   rms_vd_load(p), rms_vd_store(p, v, stream)    doubles
  *   rms_vd_widen(v, part)       floats to doubles, part of RMS_VF_WIDTH / RMS_VD_WIDTH
  *   rms_vd_load_widened(kind, p, parts) RMS_VF_WIDTH elements of a 32- or 16-bit
@@ -125,36 +127,28 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_where_both_nonzero(rms_vf value, rms_vf a, rms_v
 
 RMS_ALWAYS_INLINE int rms_vf_equal(rms_vf a, rms_vf b) { return a == b; }
 
+RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
+{
+    return kind == RMS_KIND_F16 ? rms_half_to_float(h) : rms_bfloat16_to_float(h);
+}
+
 RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
 {
-    uint16_t bits;
-    switch (kind) {
-    case RMS_KIND_F16:
-        memcpy(&bits, p, sizeof bits);
-        return rms_half_to_float(bits);
-    case RMS_KIND_BF16:
-        memcpy(&bits, p, sizeof bits);
-        return rms_bfloat16_to_float(bits);
-    default: {
+    if (kind == RMS_KIND_F32) {
         float value;
         memcpy(&value, p, sizeof value);
         return value;
     }
-    }
+    rms_vh bits;
+    memcpy(&bits, p, sizeof bits);
+    return rms_vh_widen(kind, bits);
 }
 
 RMS_ALWAYS_INLINE rms_vh rms_vf_to_float16(rms_vf v) { return rms_float_to_half(v); }
 
-RMS_ALWAYS_INLINE rms_vf rms_vf_round(rms_kind kind, rms_vf v)
+RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
 {
-    switch (kind) {
-    case RMS_KIND_F16:
-        return rms_half_to_float(rms_float_to_half(v));
-    case RMS_KIND_BF16:
-        return rms_bfloat16_to_float(rms_float_to_bfloat16(v));
-    default:
-        return v;
-    }
+    return kind == RMS_KIND_F16 ? rms_float_to_half(v) : rms_float_to_bfloat16(v);
 }
 
 RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
@@ -180,16 +174,11 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
 RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
 {
     (void)stream;
-    switch (kind) {
-    case RMS_KIND_F16:
-        rms_vh_store(p, rms_float_to_half(v), 0);
-        return;
-    case RMS_KIND_BF16:
-        rms_vh_store(p, rms_float_to_bfloat16(v), 0);
-        return;
-    default:
+    if (kind != RMS_KIND_F32) {
+        rms_vh_store(p, rms_vf_narrow16(kind, v), 0);
+    }
+    else {
         memcpy(p, &v, sizeof v);
-        return;
     }
 }
 
