@@ -475,8 +475,8 @@ def _setup_add_rms_norm(ctx, inputs, output):
 
 def _add_rms_norm_grads(ctx, grad_output, grad_residual_out):
     residual_out, weight = ctx.saved_tensors
-    route = _route(grad_output, grad_residual_out, residual_out, weight)
-    if _is_grad_enabled() or route == _THROUGH_OP:
+    tensors = (grad_output, grad_residual_out, residual_out, weight)
+    if _is_grad_enabled() or _route(*tensors) == _THROUGH_OP:
         grad_input, grad_weight = _add_rms_norm_backward_op(
             grad_output,
             grad_residual_out,
