@@ -120,7 +120,9 @@ RMS_ALWAYS_INLINE rms_vf rms_load_floats(rms_kind kind, const char *p, ptrdiff_t
     if (stride == rms_kind_size(kind) && count == RMS_VF_WIDTH) {
         return rms_vf_load(kind, p);
     }
-    char packed[RMS_VF_WIDTH * 4];
+    /* room for any kind: without forced inlining the compiler cannot see
+       that kind is never float64 here, and warns */
+    char packed[RMS_VF_WIDTH * 8];
     rms_gather(kind, packed, p, stride, count);
     return rms_vf_load(kind, packed);
 }
