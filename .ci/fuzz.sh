@@ -49,7 +49,10 @@ done
 
 mkdir -p "$build/corpus" "$build/artifacts"
 # Seeds: 64 pseudo-random inputs of 5 to 3000 bytes (fixed, so every run
-# starts from the same place), each a whole problem with its values.
+# starts from the same place), each a whole problem with its values, and
+# tests/fuzz/regressions: inputs that once failed, each kept after its fix
+# and named after what it found (read only: new inputs go to the first
+# directory).
 for i in $(seq 1 64); do
     LC_ALL=C awk -v seed="$i" 'BEGIN { srand(seed); n = 5 + int(rand() * 2995);
         for (k = 0; k < n; k++) printf "%c", int(rand() * 256) }' >"$build/corpus/seed-$i"
@@ -60,7 +63,7 @@ ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:allocator_may_return_null=1" \
 UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     "$build/fuzz_rms_norm" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
     -max_len=4096 -len_control=0 -print_final_stats=1 -artifact_prefix="$build/artifacts/" \
-    "$build/corpus" >"$build/fuzz.log" 2>&1 || status=$?
+    "$build/corpus" tests/fuzz/regressions >"$build/fuzz.log" 2>&1 || status=$?
 grep -E "^(INFO: Seed|stat::number_of_executed_units|stat::average_exec_per_sec|stat::new_units_added|stat::peak_rss_mb|Done )" \
     "$build/fuzz.log" || true
 if [ "$status" -ne 0 ]; then
