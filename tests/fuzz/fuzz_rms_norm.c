@@ -53,7 +53,7 @@
  *                 cancels): double roundings, or float roundings for 16-bit x
  *                 (worked in float where fused multiply-adds exist); where
  *                 that error reaches past DBL_MAX (terms near 2^1024 that
- *                 cancel to far less), an infinity on the side it reaches
+ *                 cancel to far less), whatever it reaches, infinities too
  *   grad_weight:  the same ULPs, plus (rows + 2) double roundings of its sum
  * plus, in the backward, the absolute error of subnormal intermediates: of
  * a subnormal double (2^-1075) times what multiplies it afterwards (the
@@ -473,7 +473,11 @@ static void fail(const char *what, ptrdiff_t row, ptrdiff_t i, long double actua
     abort();
 }
 
-/* actual within ulps ULPs of exact rounded to the kind, plus extra. */
+/* actual within ulps ULPs of exact rounded to the kind, plus extra. Where
+   that error reaches past the kind's largest finite value (grad_input's
+   terms near DBL_MAX that cancel to far less, leaving the result
+   undetermined within the range), the infinity on that side passes too,
+   and so does a finite actual within it of an exact that rounds to inf. */
 static void check_value(const char *what, ptrdiff_t row, ptrdiff_t i, long double actual,
                         long double exact, rms_kind kind, long double ulps, long double extra)
 {
@@ -486,19 +490,19 @@ static void check_value(const char *what, ptrdiff_t row, ptrdiff_t i, long doubl
     }
     long double allowed = ulps * ulp(kind, expected) + extra;
     if (isinf(expected) || isinf(actual)) {
-        /* The largest finite value and inf are the two sides of overflow;
-           and an infinite actual passes where the allowed error reaches
-           past the largest finite value on its side: terms that overflow
-           before they cancel (grad_input's, near DBL_MAX) leave the result
-           undetermined within the range. */
-        long double finite = isinf(actual) ? expected : actual;
         long double largest = ldexpl(2.0L - ldexpl(1.0L, 1 - FORMATS[kind].precision),
                                      FORMATS[kind].max_exponent);
-        const int reachable = isinf(actual) && !isinf(expected) &&
-                              (signbit(actual) ? allowed - expected : expected + allowed) >= largest;
-        if (actual != expected && !reachable &&
-            !(signbit(actual) == signbit(expected) && fabsl(finite) == largest)) {
-            fail(what, row, i, actual, expected, 0);
+        /* the largest finite value and inf are the two sides of overflow */
+        long double finite = isinf(actual) ? expected : actual;
+        int passes = actual == expected ||
+                     (signbit(actual) == signbit(expected) && fabsl(finite) == largest);
+        if (!isinf(exact)) {
+            passes |= isinf(actual)
+                          ? (signbit(actual) ? allowed - exact : exact + allowed) >= largest
+                          : fabsl(actual - exact) <= allowed;
+        }
+        if (!passes) {
+            fail(what, row, i, actual, expected, allowed);
         }
         return;
     }
