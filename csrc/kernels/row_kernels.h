@@ -856,8 +856,8 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mod
 /*
  * A row's values as its reduction pass makes them: x itself, or, with a
  * residual, x + residual, written to sum as the pass goes, or, where
- * remade, by the write pass (rms_remakes_sums). x is NULL for no row, the last row's next, with the
- * strides kept as they are: a NULL pointer to the struct instead, or
+ * remade, by the write pass (rms_remakes_sums). x is NULL for no row, the
+ * last row's next, with the strides kept as they are: a NULL pointer to the struct instead, or
  * strides that differ, would cost the compiler their constancy. ahead_x
  * and ahead_residual are the row after this one, for a streamed write pass
  * to ask for while it reduces this one, or NULL.
@@ -973,9 +973,9 @@ RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lane
 
 /* One block of a row's write pass: from the row's values as they are in
    memory, or, where the write pass makes the sums (row->remade), from the
-   block's sums, made again, written to row->sum (streamed where
-   sum_stream says) and read from a block of the stack. That block's store
-   and load stay in the core; the vector functions below read memory. */
+   block's sums, made again and written to row->sum (streamed where
+   sum_stream says). rms_forward_block reads its values through a pointer:
+   here, a block on the stack, whose store and load stay in L1. */
 RMS_ALWAYS_INLINE void rms_forward_block_of_row(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                                 int with_residual, const rms_row_source *row,
                                                 const rms_row_weight *w, ptrdiff_t at, char *y,
@@ -1076,8 +1076,8 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
  */
 RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                            int with_residual, ptrdiff_t n,
-                                           const rms_row_source *row, const rms_row_weight *w, char *y,
-                                           ptrdiff_t ys, int stream, rms_dd inv_rms,
+                                           const rms_row_source *row, const rms_row_weight *w,
+                                           char *y, ptrdiff_t ys, int stream, rms_dd inv_rms,
                                            const rms_row_source *next)
 {
     const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->lo != NULL, inv_rms, mode);
@@ -1093,13 +1093,11 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
     ptrdiff_t next_done = 0;
     if (next->x != NULL && (!streamed || next->ahead_x != NULL)) {
         rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
-                               sum_streamed,
-                               &inv, next, 1, &next_lanes, &next_done);
+                               sum_streamed, &inv, next, 1, &next_lanes, &next_done);
     }
     else {
         rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
-                               sum_streamed,
-                               &inv, next, 0, &next_lanes, &next_done);
+                               sum_streamed, &inv, next, 0, &next_lanes, &next_done);
     }
     if (next->x == NULL) {
         rms_dd none = {0.0, 0.0};
