@@ -343,27 +343,35 @@ def test_add_forward_gives_the_bytes_of_np_add_then_forward(isa, pair, n, layout
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("n", [4096, 4099], ids=["4096", "4099-unaligned-rows"])
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"threads={t}")
-@pytest.mark.parametrize("in_place", [False, True], ids=["new-residual-out", "residual-in-place"])
-def test_add_forward_past_16_mib_gives_the_bytes_of_small_calls(isa, dtype, n, threads, in_place,
+@pytest.mark.parametrize("sums_to", ["new-array", "over-the-residual", "over-x"])
+def test_add_forward_past_16_mib_gives_the_bytes_of_small_calls(isa, dtype, n, threads, sums_to,
                                                                restore_num_threads):
     # Past 16 MiB the output is streamed, and the float32 kernels make each
     # row's sums twice, writing them beside y in the write pass; small calls
-    # do neither, and the bytes must be theirs.
+    # do neither, and the bytes must be theirs. Rows with an infinity, a
+    # NaN, sums past the type's range and zeros take the rescaled pass,
+    # which reads the sums back.
     rmsnorm.set_num_threads(threads)
     rng = np.random.default_rng(11)
     rows = (16 << 20) // (n * np.dtype(dtype).itemsize) + 3
     x = rng.standard_normal((rows, n)).astype(dtype)
     r = rng.standard_normal((rows, n)).astype(dtype)
+    largest = np.finfo(dtype).max
+    x[3, 5], x[7, 100], x[17, 9], r[17, 9] = np.inf, np.nan, -np.inf, np.inf
+    x[11], r[11] = largest, largest
+    x[13], r[13] = 0, 0
     w = rng.uniform(0.5, 1.5, n).astype(dtype)
     eps = dtype(1e-6)
-    h_expected = np.add(x, r)
+    with np.errstate(over="ignore", invalid="ignore"):
+        h_expected = np.add(x, r)
     y_expected = np.concatenate([rmsnorm.forward(h_expected[i:i + 64], w, eps)
                                  for i in range(0, rows, 64)])
-    if in_place:
-        y, h = rmsnorm.add_forward(x, r, w, eps, out=(np.empty_like(x), r))
-        assert h is r
-    else:
+    if sums_to == "new-array":
         y, h = rmsnorm.add_forward(x, r, w, eps)
+    else:
+        over = r if sums_to == "over-the-residual" else x
+        y, h = rmsnorm.add_forward(x, r, w, eps, out=(np.empty_like(x), over))
+        assert h is over
     assert_same_bytes(h, h_expected, "residual_out")
     assert_same_bytes(y, y_expected, "output")
 

@@ -1180,12 +1180,22 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
                                          double eps, char *y, ptrdiff_t ys, int stream,
                                          rms_dd sum_squares, const rms_row_source *next)
 {
-    /* the row's values in memory: x, or the sums, which a remade row's
-       write pass would write only after the rescaled pass reads them */
+    /* the row's values in memory: x, or the sums */
     const char *x = with_residual ? row->sum : row->x;
     const ptrdiff_t xs = with_residual ? row->sum_stride : row->x_stride;
     if (with_residual && row->remade && rms_sum_needs_rescale(sum_squares.hi)) {
+        /* A remade row whose inv_rms is worked out again from its values
+           (an infinity or a NaN among them; float32 only): its sums are
+           written first, for that pass to read, and its write pass reads
+           them rather than make them again, since out= may have put them
+           over x or the residual. Out of line, as such rows are rare. */
         rms_write_sums(xk, n, row);
+        rms_row_source written = *row;
+        written.remade = 0;
+        const rms_dd inv_rms =
+            rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares));
+        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, &written,
+                                 w, y, ys, stream, inv_rms, next);
     }
     rms_dd inv_rms;
     if (rms_sum_needs_rescale(sum_squares.hi)) {
