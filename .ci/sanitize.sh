@@ -2,10 +2,11 @@
 # Sanitizers: builds rmsnorm._core with -fsanitize=address,undefined in a
 # temporary copy of the work tree (the checkout's own build is left alone),
 # then runs the whole test suite (less mypy's two stub checks, below) against
-# that build with the ASan runtime preloaded into Python. Any AddressSanitizer, UndefinedBehaviorSanitizer or
-# LeakSanitizer report fails the step: ASan and UBSan halt on the first
-# error, and LeakSanitizer makes the interpreter exit non-zero at its end
-# (subprocesses that tests start inherit all of it).
+# that build with the ASan runtime preloaded into Python. Any
+# AddressSanitizer, UndefinedBehaviorSanitizer or LeakSanitizer report fails
+# the step: ASan and UBSan halt on the first error, and LeakSanitizer makes
+# the interpreter exit non-zero at its end (subprocesses that tests start
+# inherit all of it).
 #
 # Suppressed (leaks only), and why:
 # - Python objects that CPython's own object allocators (_PyObject_New,

@@ -857,10 +857,10 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mod
  * A row's values as its reduction pass makes them: x itself, or, with a
  * residual, x + residual, written to sum as the pass goes, or, where
  * remade, by the write pass (rms_remakes_sums). x is NULL for no row, the
- * last row's next, with the strides kept as they are: a NULL pointer to the struct instead, or
- * strides that differ, would cost the compiler their constancy. ahead_x
- * and ahead_residual are the row after this one, for a streamed write pass
- * to ask for while it reduces this one, or NULL.
+ * last row's next, with the strides kept as they are: a NULL pointer to
+ * the struct instead, or strides that differ, would cost the compiler
+ * their constancy. ahead_x and ahead_residual are the row after this one,
+ * for a streamed write pass to ask for while it reduces this one, or NULL.
  */
 typedef struct {
     const char *x;
