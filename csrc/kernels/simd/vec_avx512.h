@@ -69,13 +69,22 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
     return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, 0x08 | 0x10), value);
 }
 
-/* 16 float16 or bfloat16 patterns widened to float (exact). */
+/* 16 float16 or bfloat16 patterns widened to float (exact). A bfloat16
+   pattern is the top half of its float's: one word permute puts each in
+   the top half of its lane and zeroes the rest. A widening move and a
+   shift take two operations, and the shift shares its pipes with the
+   conversions and compares that bound the 16-bit kernels (the bfloat16
+   forward took 4 to 7% longer). */
 RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
 {
     if (kind == RMS_KIND_F16) {
         return _mm512_cvtph_ps(h);
     }
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    const __m512i to_top_halves = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0,
+                                                   8, 0, 7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0,
+                                                   0, 0);
+    return _mm512_castsi512_ps(
+        _mm512_maskz_permutexvar_epi16(0xaaaaaaaau, to_top_halves, _mm512_castsi256_si512(h)));
 }
 
 /* Loads 16 elements of a 32- or 16-bit kind, widened to float (exact). */
