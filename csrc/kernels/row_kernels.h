@@ -33,15 +33,6 @@
 #include "kernels.h"
 
 #define RMS_VD_PER_VF (RMS_VF_WIDTH / RMS_VD_WIDTH)
-/* Loops over a block's vectors or a row's accumulators have constant trip
-   counts; unrolled whole, their accumulators can stay in registers. */
-#if defined(__clang__)
-#define RMS_UNROLL _Pragma("clang loop unroll(full)")
-#elif defined(__GNUC__)
-#define RMS_UNROLL _Pragma("GCC unroll 64")
-#else
-#define RMS_UNROLL
-#endif
 #define RMS_ACCUMULATORS (RMS_LANES / RMS_VD_WIDTH)
 /* The backward sums two things in one pass and gives each half the lanes:
    more would not fit in the registers. */
@@ -248,16 +239,53 @@ RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
     }
 }
 
-/* The first `count` lanes summed in a fixed order (pairwise, dd_math.h). */
-RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count)
+/* The first `count` lanes summed in a fixed order: pairwise, as
+   rms_dd_sum_lanes adds them, exactly where the lanes are compensated sums
+   (float64's squares, or a product with one), else in plain double, whose
+   lanes are rounded sums already: a row of 16-bit or float32 values gains
+   a few roundings of 2^-53 on its sum, and saves the two-sums' latency on
+   every row. The levels that add whole vectors, lane j of vector k to lane
+   j of vector k + half, run here in registers, and the last vector's lanes
+   go through memory. (All levels in memory cost a store and a load each,
+   and the narrow ones waited on the wide ones' stores: most of a row's
+   time at 256 columns.) */
+RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int compensated)
 {
-    double sum[RMS_LANES], comp[RMS_LANES];
+    rms_vd sum[RMS_ACCUMULATORS], comp[RMS_ACCUMULATORS];
     RMS_UNROLL
-    for (int k = 0; k < count / RMS_VD_WIDTH; k++) {
-        rms_vd_store((char *)(sum + k * RMS_VD_WIDTH), lanes->sum[k], 0);
-        rms_vd_store((char *)(comp + k * RMS_VD_WIDTH), lanes->comp[k], 0);
+    for (int k = 0; k < RMS_ACCUMULATORS; k++) {
+        sum[k] = lanes->sum[k];
+        comp[k] = lanes->comp[k];
     }
-    return rms_dd_sum_lanes(count, sum, comp);
+    RMS_UNROLL
+    for (int half = count / RMS_VD_WIDTH / 2; half >= 1; half /= 2) {
+        RMS_UNROLL
+        for (int k = 0; k < half; k++) {
+            const rms_vd s = rms_vd_add(sum[k], sum[k + half]);
+            if (compensated) { /* rms_two_sum, a vector at a time */
+                const rms_vd b_virtual = rms_vd_sub(s, sum[k]);
+                const rms_vd err = rms_vd_add(rms_vd_sub(sum[k], rms_vd_sub(s, b_virtual)),
+                                              rms_vd_sub(sum[k + half], b_virtual));
+                comp[k] = rms_vd_add(comp[k], rms_vd_add(comp[k + half], err));
+            }
+            sum[k] = s;
+        }
+    }
+    double last_sum[RMS_VD_WIDTH], last_comp[RMS_VD_WIDTH];
+    rms_vd_store((char *)last_sum, sum[0], 0);
+    if (compensated) {
+        rms_vd_store((char *)last_comp, comp[0], 0);
+        return rms_dd_sum_lanes(RMS_VD_WIDTH, last_sum, last_comp);
+    }
+    RMS_UNROLL
+    for (int half = RMS_VD_WIDTH / 2; half >= 1; half /= 2) {
+        RMS_UNROLL
+        for (int k = 0; k < half; k++) {
+            last_sum[k] += last_sum[k + half];
+        }
+    }
+    const rms_dd total = {last_sum[0], 0.0};
+    return total;
 }
 
 /* Adds a * b to one accumulator: with its rounding errors in comp where
@@ -323,7 +351,7 @@ RMS_ALWAYS_INLINE rms_dd rms_finish_squares(rms_kind xk, rms_lanes *lanes, ptrdi
     if (i < n) {
         rms_add_squares(xk, lanes, x, xs, i, n - i, scaled, scale);
     }
-    return rms_lanes_total(lanes, RMS_LANES);
+    return rms_lanes_total(lanes, RMS_LANES, !rms_kind_is_float_exact(xk));
 }
 
 RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
@@ -334,6 +362,13 @@ RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, ptrdiff_t n, const char *x
     return rms_finish_squares(xk, &lanes, 0, n, x, xs, scaled, scale);
 }
 
+/* Whether the backward's sum(g w x) carries its rounding errors: where x or
+   w is float64. Of narrower operands it is a plain sum in double. */
+RMS_ALWAYS_INLINE int rms_dot_is_compensated(rms_kind xk, rms_kind wk)
+{
+    return !(rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk));
+}
+
 /* Adds x^2 and grad_output * weight * x over [i, i + count), count <=
    RMS_DOT_LANES, into the first RMS_DOT_LANES lanes of each. */
 RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lanes *squares,
@@ -342,7 +377,7 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
                                                ptrdiff_t grad_output_stride, const double *w,
                                                ptrdiff_t i, ptrdiff_t count)
 {
-    const int compensated_dot = !(rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk));
+    const int compensated_dot = rms_dot_is_compensated(xk, wk);
     RMS_UNROLL
     for (int b = 0; b < RMS_DOT_LANES / RMS_VF_WIDTH; b++) {
         const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
@@ -968,7 +1003,7 @@ RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lane
     if (i < n) {
         rms_reduce_lanes(xk, with_residual, lanes, src, i, n - i);
     }
-    return rms_lanes_total(lanes, RMS_LANES);
+    return rms_lanes_total(lanes, RMS_LANES, !rms_kind_is_float_exact(xk));
 }
 
 /* One block of a row's write pass: from the row's values as they are in
@@ -1819,8 +1854,9 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
         rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, grad_output, grad_output_stride, w,
                                 i, n - i);
     }
-    const rms_dd sum_squares = rms_lanes_total(&squares, RMS_DOT_LANES);
-    const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES);
+    const rms_dd sum_squares =
+        rms_lanes_total(&squares, RMS_DOT_LANES, !rms_kind_is_float_exact(xk));
+    const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES, rms_dot_is_compensated(xk, wk));
     rms_scaled_inv scaled = {{0.0, 0.0}, 0};
     if (rms_sum_needs_rescale(sum_squares.hi)) {
         scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
