@@ -434,3 +434,53 @@ def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa):
     assert y[0, column].view(np.uint32) == expected[0, column].view(np.uint32), (
         f"column {column}: got {float(y[0, column])!r}, expected {float(expected[0, column])!r}")
     assert np.array_equal(y.view(np.uint32), expected.view(np.uint32))
+
+
+# Long rows whose every vector block holds near-tie outputs, so that the
+# fast 16-bit write is unsure of each block and leaves it to the double
+# write: more such blocks than a row's write loop keeps aside at once, in
+# rows written in cache and in rows streamed to memory (past 16 MiB),
+# into a new array and over x itself.
+NEAR_TIE_COLUMNS = 5 * 819
+NEAR_TIE_ROWS = {"in cache": 3, "streamed": (16 << 20) // (2 * NEAR_TIE_COLUMNS) + 1}
+
+
+@pytest.mark.parametrize("rows", NEAR_TIE_ROWS.values(), ids=NEAR_TIE_ROWS.keys())
+@pytest.mark.parametrize("in_place", [False, True], ids=["new", "in-place"])
+@pytest.mark.parametrize("side", [0, 1, -1], ids=["tie", "below-tie", "above-tie"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_place, rows, isa):
+    """x = [3, 3, 1, 1, 0] repeated has mean(x**2) = 4, so y = 1.5 w / sqrt(1 +
+    eps / 4) where x = 3: with w's last bit 1 and its significand below 4/3,
+    1.5 w is a tie of the dtype.
+    eps = 0 keeps it a tie (to even); eps = +-2^-28 moves y a relative 2^-31
+    below or above it, far inside the fast write's margin, and y rounds to
+    the tie's neighbour on that side. Where x = 1, y = 0.5 w is the dtype's
+    own value; where x = 0, a zero of w's sign."""
+    dtype = _dtype(dtype)
+    if dtype is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    rng = np.random.default_rng(7)
+    # significands below 4/3, where 3 times an odd one still fits one more
+    # bit than the dtype has: 1.5 w is then a midpoint
+    magnitude = (rng.uniform(1.0, 1.3, NEAR_TIE_COLUMNS) * 2.0 ** rng.integers(-1, 2, NEAR_TIE_COLUMNS)
+                 * rng.choice([-1.0, 1.0], NEAR_TIE_COLUMNS))
+    bits = BITS[2]
+    w = (magnitude.astype(dtype).view(bits) | bits(1)).view(dtype)
+    x = np.tile(np.array([3, 3, 1, 1, 0], dtype), (rows, NEAR_TIE_COLUMNS // 5))
+    eps = np.float32(side * 2.0**-28)
+
+    y = rmsnorm.forward(x, w, eps, out=x) if in_place else rmsnorm.forward(x, w, eps)
+
+    # 1.5 w is exact in float64; nudged by 2^-12 of itself toward the side
+    # asked, it lies well inside the interval that rounds to that neighbour
+    # (half an ulp is 2^-12 relative at least for float16, 2^-9 for bfloat16)
+    # and converts to it even through float32
+    near_tie = (1.5 * w.astype(np.float64) * (1.0 - side * 2.0**-12)).astype(dtype)
+    expected = np.where(np.tile([True, True, False, False, False], NEAR_TIE_COLUMNS // 5),
+                        near_tie, (0.5 * w.astype(np.float64)).astype(dtype))
+    expected = np.where(np.arange(NEAR_TIE_COLUMNS) % 5 == 4, (0.0 * w).astype(dtype), expected)
+    mismatched = np.nonzero(np.any(y.view(bits) != expected.view(bits), axis=1))[0]
+    assert mismatched.size == 0, (
+        f"{mismatched.size} of {rows} rows differ, first row {mismatched[:1]}: "
+        f"{y[mismatched[0]][:10]} against {expected[:10]}")

@@ -857,20 +857,32 @@ typedef struct {
     const float *floats;   /* NULL where the fast 16-bit write is not to be used */
 } rms_row_weight;
 
-/* One block of the forward, the way mode says. */
-RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                         const char *x, ptrdiff_t xs, const rms_row_weight *w,
-                                         ptrdiff_t at, char *y, ptrdiff_t ys, ptrdiff_t count,
-                                         const rms_inv_forms *inv, int stream)
+/* Whether a write mode has a fast path that may be unsure of a block and
+   leave it to the double write. */
+RMS_ALWAYS_INLINE int rms_mode_may_defer(rms_write_mode mode)
+{
+    return mode == RMS_WRITE_FAST16;
+}
+
+/* One block of the forward, the way mode says. Returns 0, having written
+   nothing, where the fast path was unsure of it and defer is set: the
+   caller then writes it later, in double (rms_forward_write_loop). */
+RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                        const char *x, ptrdiff_t xs, const rms_row_weight *w,
+                                        ptrdiff_t at, char *y, ptrdiff_t ys, ptrdiff_t count,
+                                        const rms_inv_forms *inv, int stream, int defer)
 {
     const char *w_at = rms_element(w->data, at, w->stride);
     if (mode == RMS_WRITE_FAST16 &&
         rms_forward_block_fast16(xk, x, xs, w->floats + at, y, ys, count, inv, stream)) {
-        return;
+        return 1;
     }
     if (mode == RMS_WRITE_FLOAT &&
         rms_forward_block_float(xk, wk, x, xs, w_at, w->stride, y, ys, count, inv, stream)) {
-        return;
+        return 1;
+    }
+    if (defer && rms_mode_may_defer(mode)) {
+        return 0;
     }
     /* The plain double write inlines its blocks, and its loop has no call:
        a call costs a loop every vector register that lives across it. */
@@ -886,6 +898,7 @@ RMS_ALWAYS_INLINE void rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mod
         rms_forward_block_double_out_of_line[xk][wk](x, xs, w_at, w->stride, NULL, y, ys, count,
                                                      inv->dd, stream);
     }
+    return 1;
 }
 
 /*
@@ -1011,12 +1024,12 @@ RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lane
    block's sums, made again and written to row->sum (streamed where
    sum_stream says). rms_forward_block reads its values through a pointer:
    here, a block on the stack, whose store and load stay in L1. */
-RMS_ALWAYS_INLINE void rms_forward_block_of_row(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                                int with_residual, const rms_row_source *row,
-                                                const rms_row_weight *w, ptrdiff_t at, char *y,
-                                                ptrdiff_t ys, ptrdiff_t count,
-                                                const rms_inv_forms *inv, int stream,
-                                                int sum_stream)
+RMS_ALWAYS_INLINE int rms_forward_block_of_row(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                               int with_residual, const rms_row_source *row,
+                                               const rms_row_weight *w, ptrdiff_t at, char *y,
+                                               ptrdiff_t ys, ptrdiff_t count,
+                                               const rms_inv_forms *inv, int stream,
+                                               int sum_stream, int defer)
 {
     if (with_residual && row->remade) {
         const ptrdiff_t size = rms_kind_size(xk);
@@ -1033,37 +1046,55 @@ RMS_ALWAYS_INLINE void rms_forward_block_of_row(rms_kind xk, rms_kind wk, rms_wr
             rms_store_floats(xk, sum, row->sum_stride, count,
                              rms_load_floats(xk, made, size, count), sum_stream);
         }
-        rms_forward_block(xk, wk, mode, made, size, w, at, rms_element_out(y, at, ys), ys, count,
-                          inv, stream);
-        return;
+        return rms_forward_block(xk, wk, mode, made, size, w, at, rms_element_out(y, at, ys), ys,
+                                 count, inv, stream, defer);
     }
     const char *values = with_residual ? row->sum : row->x;
     const ptrdiff_t vs = with_residual ? row->sum_stride : row->x_stride;
-    rms_forward_block(xk, wk, mode, rms_element(values, at, vs), vs, w, at,
-                      rms_element_out(y, at, ys), ys, count, inv, stream);
+    return rms_forward_block(xk, wk, mode, rms_element(values, at, vs), vs, w, at,
+                             rms_element_out(y, at, ys), ys, count, inv, stream, defer);
 }
 
-/* The write loop of rms_forward_write. reduce, a constant at each call,
-   says whether it also runs the next row's reduction pass into next_lanes:
-   decided inside the loop, the choice left the compiler keeping those sums
-   in memory, loaded and stored at every step (a tenth of the in-cache
-   16-bit forward). */
-RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                              int with_residual, ptrdiff_t n,
-                                              const rms_row_source *row,
-                                              const rms_row_weight *w, char *y,
-                                              ptrdiff_t ys, ptrdiff_t head, int streamed,
-                                              int sum_streamed,
-                                              const rms_inv_forms *inv, const rms_row_source *next,
-                                              int reduce, rms_lanes *next_lanes,
-                                              ptrdiff_t *next_done)
+/* The blocks of a row's write loop that the fast 16-bit path was unsure
+   of, to be written in double once the loop has stopped: a call inside the
+   loop, even on a path it rarely takes, made the compiler keep the loop's
+   state in memory and spill its registers there (the bfloat16 forward took
+   a seventh longer in cache). */
+#define RMS_DEFERRED_BLOCKS 32
+typedef struct {
+    ptrdiff_t at[RMS_DEFERRED_BLOCKS];
+    int count;
+} rms_deferred;
+
+/* Writes the deferred blocks in double, from the row's values in memory:
+   x, or the sums, which the write pass has written where it makes them.
+   Their y is unwritten, so in place, x is still there. */
+RMS_ALWAYS_INLINE void rms_write_deferred(rms_kind xk, rms_kind wk, int with_residual,
+                                          const rms_row_source *row, const rms_row_weight *w,
+                                          char *y, ptrdiff_t ys, const rms_inv_forms *inv,
+                                          int stream, rms_deferred *deferred)
 {
-    ptrdiff_t i = 0;
-    for (; i < head; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
-        rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv, 0, 0);
+    const char *values = with_residual ? row->sum : row->x;
+    const ptrdiff_t vs = with_residual ? row->sum_stride : row->x_stride;
+    for (int k = 0; k < deferred->count; k++) {
+        const ptrdiff_t at = deferred->at[k];
+        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, rms_element(values, at, vs),
+                                vs, w, at, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH, inv,
+                                stream, 0);
     }
-    for (i = head; i + RMS_LANES <= n; i += RMS_LANES) {
+    deferred->count = 0;
+}
+
+/* The whole steps of RMS_LANES elements of rms_forward_write_loop, from
+   element i on: until the row has no whole step left, or deferred holds
+   more than limit blocks. Returns where it stopped. */
+RMS_ALWAYS_INLINE ptrdiff_t rms_forward_write_steps(
+    rms_kind xk, rms_kind wk, rms_write_mode mode, int with_residual, ptrdiff_t n,
+    const rms_row_source *row, const rms_row_weight *w, char *y, ptrdiff_t ys, ptrdiff_t i,
+    int streamed, int sum_streamed, const rms_inv_forms *inv, const rms_row_source *next,
+    int reduce, rms_lanes *next_lanes, ptrdiff_t *next_done, rms_deferred *deferred, int limit)
+{
+    for (; i + RMS_LANES <= n && deferred->count <= limit; i += RMS_LANES) {
         if (reduce) {
             if (next->ahead_x != NULL) {
                 rms_prefetch(rms_element(next->ahead_x, *next_done, next->x_stride),
@@ -1086,13 +1117,56 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
             const ptrdiff_t at = i + b;
-            rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, at, y, ys, RMS_VF_WIDTH,
-                                     inv, streamed, sum_streamed);
+            if (!rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, at, y, ys,
+                                          RMS_VF_WIDTH, inv, streamed, sum_streamed,
+                                          rms_mode_may_defer(mode))) {
+                deferred->at[deferred->count++] = at;
+            }
         }
+    }
+    return i;
+}
+
+/* The write loop of rms_forward_write. reduce, a constant at each call,
+   says whether it also runs the next row's reduction pass into next_lanes:
+   decided inside the loop, the choice left the compiler keeping those sums
+   in memory, loaded and stored at every step (a tenth of the in-cache
+   16-bit forward). The unaligned head and the tail write their blocks at
+   once, unsure or not; the whole steps defer theirs (rms_deferred). A
+   streamed row writes its deferred blocks as soon as their step ends,
+   streamed too, while the lines its other stores are filling are still in
+   the write-combining buffers: written at the row's end, each cost a read
+   of its line from memory (the float16 forward from memory took a fifth
+   longer). */
+RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                              int with_residual, ptrdiff_t n,
+                                              const rms_row_source *row,
+                                              const rms_row_weight *w, char *y,
+                                              ptrdiff_t ys, ptrdiff_t head, int streamed,
+                                              int sum_streamed,
+                                              const rms_inv_forms *inv, const rms_row_source *next,
+                                              int reduce, rms_lanes *next_lanes,
+                                              ptrdiff_t *next_done)
+{
+    ptrdiff_t i = 0;
+    for (; i < head; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
+        (void)rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv,
+                                       0, 0, 0);
+    }
+    rms_deferred deferred;
+    deferred.count = 0;
+    const int limit = streamed ? 0 : RMS_DEFERRED_BLOCKS - RMS_LANES / RMS_VF_WIDTH;
+    for (i = head; i + RMS_LANES <= n;) {
+        i = rms_forward_write_steps(xk, wk, mode, with_residual, n, row, w, y, ys, i, streamed,
+                                    sum_streamed, inv, next, reduce, next_lanes, next_done,
+                                    &deferred, limit);
+        rms_write_deferred(xk, wk, with_residual, row, w, y, ys, inv, streamed, &deferred);
     }
     for (; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv, 0, 0);
+        (void)rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv,
+                                       0, 0, 0);
     }
 }
 
