@@ -32,14 +32,12 @@ RMS_ALWAYS_INLINE double rms_two_sum(double a, double b, double *err)
 }
 
 /* Sums `count` lane pairs (sum, comp), count a power of two, in a fixed
-   order; the lanes are used up. Pairwise, level by level, so that the
-   additions of a level are independent rather than a chain of count
-   dependent ones (a twentieth of the float32 forward at 32x4096). */
+   order; the lanes are used up. Pairwise, level by level, so that each
+   level is one vector operation rather than a chain of count dependent
+   additions (a twentieth of the float32 forward at 32x4096). */
 RMS_ALWAYS_INLINE rms_dd rms_dd_sum_lanes(int count, double *sum, double *comp)
 {
-    RMS_UNROLL
     for (int half = count / 2; half >= 1; half /= 2) {
-        RMS_UNROLL
         for (int k = 0; k < half; k++) {
             double err;
             sum[k] = rms_two_sum(sum[k], sum[k + half], &err);

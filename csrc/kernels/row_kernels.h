@@ -33,6 +33,15 @@
 #include "kernels.h"
 
 #define RMS_VD_PER_VF (RMS_VF_WIDTH / RMS_VD_WIDTH)
+/* Loops over a block's vectors or a row's accumulators have constant trip
+   counts; unrolled whole, their accumulators can stay in registers. */
+#if defined(__clang__)
+#define RMS_UNROLL _Pragma("clang loop unroll(full)")
+#elif defined(__GNUC__)
+#define RMS_UNROLL _Pragma("GCC unroll 64")
+#else
+#define RMS_UNROLL
+#endif
 #define RMS_ACCUMULATORS (RMS_LANES / RMS_VD_WIDTH)
 /* The backward sums two things in one pass and gives each half the lanes:
    more would not fit in the registers. */
@@ -257,8 +266,12 @@ RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int 
         sum[k] = lanes->sum[k];
         comp[k] = lanes->comp[k];
     }
+    /* from a constant, so that the trip count is one without inlining too */
     RMS_UNROLL
-    for (int half = count / RMS_VD_WIDTH / 2; half >= 1; half /= 2) {
+    for (int half = RMS_ACCUMULATORS / 2; half >= 1; half /= 2) {
+        if (2 * half > count / RMS_VD_WIDTH) {
+            continue; /* past the first count lanes */
+        }
         RMS_UNROLL
         for (int k = 0; k < half; k++) {
             const rms_vd s = rms_vd_add(sum[k], sum[k + half]);

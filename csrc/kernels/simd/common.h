@@ -16,14 +16,4 @@
 #define RMS_NOINLINE static
 #endif
 
-/* Loops over a block's vectors or a row's accumulators have constant trip
-   counts; unrolled whole, their accumulators can stay in registers. */
-#if defined(__clang__)
-#define RMS_UNROLL _Pragma("clang loop unroll(full)")
-#elif defined(__GNUC__)
-#define RMS_UNROLL _Pragma("GCC unroll 64")
-#else
-#define RMS_UNROLL
-#endif
-
 #endif
