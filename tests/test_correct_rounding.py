@@ -463,7 +463,8 @@ def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_plac
     rng = np.random.default_rng(7)
     # significands below 4/3, where 3 times an odd one still fits one more
     # bit than the dtype has: 1.5 w is then a midpoint
-    magnitude = (rng.uniform(1.0, 1.3, NEAR_TIE_COLUMNS) * 2.0 ** rng.integers(-1, 2, NEAR_TIE_COLUMNS)
+    magnitude = (rng.uniform(1.0, 1.3, NEAR_TIE_COLUMNS)
+                 * 2.0 ** rng.integers(-1, 2, NEAR_TIE_COLUMNS)
                  * rng.choice([-1.0, 1.0], NEAR_TIE_COLUMNS))
     bits = BITS[2]
     w = (magnitude.astype(dtype).view(bits) | bits(1)).view(dtype)

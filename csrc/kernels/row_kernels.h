@@ -256,8 +256,8 @@ RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
    every row. The levels that add whole vectors, lane j of vector k to lane
    j of vector k + half, run here in registers, and the last vector's lanes
    go through memory. (All levels in memory cost a store and a load each,
-   and the narrow ones waited on the wide ones' stores: most of a row's
-   time at 256 columns.) */
+   and the narrow ones waited on the wide ones' stores: about a third of a
+   row's time at 256 columns.) */
 RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int compensated)
 {
     rms_vd sum[RMS_ACCUMULATORS], comp[RMS_ACCUMULATORS];
@@ -1147,10 +1147,9 @@ RMS_ALWAYS_INLINE ptrdiff_t rms_forward_write_steps(
    16-bit forward). The unaligned head and the tail write their blocks at
    once, unsure or not; the whole steps defer theirs (rms_deferred). A
    streamed row writes its deferred blocks as soon as their step ends,
-   streamed too, while the lines its other stores are filling are still in
-   the write-combining buffers: written at the row's end, each cost a read
-   of its line from memory (the float16 forward from memory took a fifth
-   longer). */
+   streamed too. Written at the row's end with plain stores, each cost a
+   read of its line from memory (the float16 forward from memory took a
+   fifth longer); streamed at the row's end, they cost the same as here. */
 RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                               int with_residual, ptrdiff_t n,
                                               const rms_row_source *row,
