@@ -248,6 +248,15 @@ RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
     }
 }
 
+/* s + err == a + b exactly, lane by lane: rms_two_sum a vector at a time. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_two_sum(rms_vd a, rms_vd b, rms_vd *err)
+{
+    const rms_vd s = rms_vd_add(a, b);
+    const rms_vd b_virtual = rms_vd_sub(s, a);
+    *err = rms_vd_add(rms_vd_sub(a, rms_vd_sub(s, b_virtual)), rms_vd_sub(b, b_virtual));
+    return s;
+}
+
 /* The first `count` lanes summed in a fixed order: pairwise, as
    rms_dd_sum_lanes adds them, exactly where the lanes are compensated sums
    (float64's squares, or a product with one), else in plain double, whose
@@ -274,14 +283,14 @@ RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int 
         }
         RMS_UNROLL
         for (int k = 0; k < half; k++) {
-            const rms_vd s = rms_vd_add(sum[k], sum[k + half]);
-            if (compensated) { /* rms_two_sum, a vector at a time */
-                const rms_vd b_virtual = rms_vd_sub(s, sum[k]);
-                const rms_vd err = rms_vd_add(rms_vd_sub(sum[k], rms_vd_sub(s, b_virtual)),
-                                              rms_vd_sub(sum[k + half], b_virtual));
+            if (compensated) {
+                rms_vd err;
+                sum[k] = rms_vd_two_sum(sum[k], sum[k + half], &err);
                 comp[k] = rms_vd_add(comp[k], rms_vd_add(comp[k + half], err));
             }
-            sum[k] = s;
+            else {
+                sum[k] = rms_vd_add(sum[k], sum[k + half]);
+            }
         }
     }
     double last_sum[RMS_VD_WIDTH], last_comp[RMS_VD_WIDTH];
@@ -309,11 +318,8 @@ RMS_ALWAYS_INLINE void rms_accumulate(int compensated, rms_vd *sum, rms_vd *comp
     if (compensated) {
         const rms_vd p = rms_vd_mul(a, b);
         const rms_vd p_err = rms_vd_product_error(a, b, p);
-        const rms_vd s = rms_vd_add(*sum, p);
-        const rms_vd b_virtual = rms_vd_sub(s, *sum);
-        const rms_vd s_err = rms_vd_add(rms_vd_sub(*sum, rms_vd_sub(s, b_virtual)),
-                                        rms_vd_sub(p, b_virtual));
-        *sum = s;
+        rms_vd s_err;
+        *sum = rms_vd_two_sum(*sum, p, &s_err);
         *comp = rms_vd_add(*comp, rms_vd_add(s_err, p_err));
     }
     else {
@@ -1080,20 +1086,20 @@ typedef struct {
 } rms_deferred;
 
 /* Writes the deferred blocks in double, from the row's values in memory:
-   x, or the sums, which the write pass has written where it makes them.
-   Their y is unwritten, so in place, x is still there. */
+   x, or the sums, which the write pass has written where it makes them
+   (so they are read, not made again: a copy of the row not remade). Their
+   y is unwritten, so in place, x is still there. */
 RMS_ALWAYS_INLINE void rms_write_deferred(rms_kind xk, rms_kind wk, int with_residual,
                                           const rms_row_source *row, const rms_row_weight *w,
                                           char *y, ptrdiff_t ys, const rms_inv_forms *inv,
                                           int stream, rms_deferred *deferred)
 {
-    const char *values = with_residual ? row->sum : row->x;
-    const ptrdiff_t vs = with_residual ? row->sum_stride : row->x_stride;
+    rms_row_source written = *row;
+    written.remade = 0;
     for (int k = 0; k < deferred->count; k++) {
-        const ptrdiff_t at = deferred->at[k];
-        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, rms_element(values, at, vs),
-                                vs, w, at, rms_element_out(y, at, ys), ys, RMS_VF_WIDTH, inv,
-                                stream, 0);
+        (void)rms_forward_block_of_row(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual,
+                                       &written, w, deferred->at[k], y, ys, RMS_VF_WIDTH, inv,
+                                       stream, 0, 0);
     }
     deferred->count = 0;
 }
@@ -1390,10 +1396,8 @@ RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w,
         rms_block sum, err, odd;
         RMS_UNROLL
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
-            const rms_vd s = rms_vd_add(o, wv.part[h]);
-            const rms_vd w_virtual = rms_vd_sub(s, o);
-            const rms_vd e = rms_vd_add(rms_vd_sub(o, rms_vd_sub(s, w_virtual)),
-                                        rms_vd_sub(wv.part[h], w_virtual));
+            rms_vd e;
+            const rms_vd s = rms_vd_two_sum(o, wv.part[h], &e);
             sum.part[h] = s;
             err.part[h] = rms_vd_zero_where_inf(e, s);
             odd.part[h] = rms_vd_round_to_odd(s, err.part[h]);
