@@ -99,35 +99,59 @@ def test_a_row_gives_the_same_bytes_alone_as_among_others(x_dtype, w_dtype, n):
 
 
 def _at_byte_offset(shape: tuple[int, ...], dtype: type, offset: int) -> np.ndarray:
-    """An empty C-contiguous array whose data starts `offset` bytes past a 64-byte boundary."""
+    """An empty C-contiguous array whose data starts `offset` bytes past a
+    64-byte boundary, in a buffer of 0xA5 bytes that reaches 64 bytes
+    either side of it."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    buffer = np.empty(size + 128, np.uint8)
-    start = -buffer.ctypes.data % 64 + offset
+    buffer = np.full(size + 192, 0xA5, np.uint8)
+    start = -buffer.ctypes.data % 64 + 64 + offset
     return buffer[start:start + size].view(dtype).reshape(shape)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+def _bytes_around(array: np.ndarray) -> np.ndarray:
+    """The bytes of _at_byte_offset's buffer outside `array`."""
+    buffer = array.base.base if array.base.base is not None else array.base
+    start = array.ctypes.data - buffer.ctypes.data
+    return np.concatenate([buffer[:start], buffer[start + array.nbytes:]])
+
+
+OFFSET_DTYPES = [np.float16, np.float32, np.float64] + ([BF16] if BF16 is not None else [])
+
+
+@pytest.mark.parametrize("dtype", OFFSET_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("offset", [0, 1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 60])
-def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset):
-    # Write passes go element by element until the output reaches a vector's
-    # alignment; that split must not show in the results.
+@pytest.mark.parametrize("shape", [(3, 301), (5, 1552)], ids=str)
+def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset, shape):
+    # Write passes go element by element, or with masked moves, until the
+    # output reaches a vector's alignment, and a row's last block is partial
+    # too; float32 rows of 1552 columns (a whole number of 64-byte lines)
+    # are also written four rows and 1024 columns at a time. None of that may
+    # show in the results, or write a byte outside the outputs.
     rng = np.random.default_rng(offset)
-    shape = (3, 301)
-    x, dy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    x, dy, dh = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
     w = rng.uniform(0.5, 1.5, shape[1]).astype(dtype)
-    eps = dtype(1e-6) if dtype != np.float16 else np.float32(1e-6)
+    eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
     expected = rmsnorm.forward(x, w, eps)
     expected_grads = rmsnorm.backward(dy, x, w, eps)
+    expected_fused = rmsnorm.add_backward(dy, dh, x, w, eps)
 
-    x_moved, dy_moved = _at_byte_offset(shape, dtype, offset), _at_byte_offset(shape, dtype, offset)
-    x_moved[...], dy_moved[...] = x, dy
-    y, grad_input = _at_byte_offset(shape, dtype, offset), _at_byte_offset(shape, dtype, offset)
-    rmsnorm.forward(x_moved, w, eps, out=y)
-    grad_weight = np.empty_like(w)
-    rmsnorm.backward(dy_moved, x_moved, w, eps, out=(grad_input, grad_weight))
+    moved = {}
+    for name, value in (("x", x), ("dy", dy), ("dh", dh)):
+        moved[name] = _at_byte_offset(shape, dtype, offset)
+        moved[name][...] = value
+    y, grad_input, fused_grad_input = (_at_byte_offset(shape, dtype, offset) for _ in range(3))
+    rmsnorm.forward(moved["x"], w, eps, out=y)
+    grad_weight, fused_grad_weight = np.empty_like(w), np.empty_like(w)
+    rmsnorm.backward(moved["dy"], moved["x"], w, eps, out=(grad_input, grad_weight))
+    rmsnorm.add_backward(moved["dy"], moved["dh"], moved["x"], w, eps,
+                         out=(fused_grad_input, fused_grad_weight))
     np.testing.assert_array_equal(y, expected)
     np.testing.assert_array_equal(grad_input, expected_grads[0])
     np.testing.assert_array_equal(grad_weight, expected_grads[1])
+    np.testing.assert_array_equal(fused_grad_input, expected_fused[0])
+    np.testing.assert_array_equal(fused_grad_weight, expected_fused[1])
+    for output in (y, grad_input, fused_grad_input):
+        assert (_bytes_around(output) == 0xA5).all()
 
 
 DIRECT_DTYPES = [(np.float16, np.float16), (np.float16, np.float32), (np.float32, np.float32),

@@ -120,6 +120,11 @@ RMS_ALWAYS_INLINE rms_vf rms_load_floats(rms_kind kind, const char *p, ptrdiff_t
     if (stride == rms_kind_size(kind) && count == RMS_VF_WIDTH) {
         return rms_vf_load(kind, p);
     }
+#if RMS_HAVE_MASKED
+    if (stride == rms_kind_size(kind)) {
+        return rms_vf_load_first(kind, p, count);
+    }
+#endif
     /* room for any kind: without forced inlining the compiler cannot see
        that kind is never float64 here, and warns */
     char packed[RMS_VF_WIDTH * 8];
@@ -132,6 +137,18 @@ RMS_ALWAYS_INLINE rms_block rms_load_doubles(rms_kind kind, const char *p, ptrdi
 {
     rms_block block;
     if (kind == RMS_KIND_F64) {
+#if RMS_HAVE_MASKED
+        if (stride == 8) {
+            RMS_UNROLL
+            for (int h = 0; h < RMS_VD_PER_VF; h++) {
+                const ptrdiff_t left = count - h * RMS_VD_WIDTH;
+                block.part[h] = left >= RMS_VD_WIDTH ? rms_vd_load(p + h * RMS_VD_WIDTH * 8)
+                                : left > 0           ? rms_vd_load_first(p + h * RMS_VD_WIDTH * 8, left)
+                                                     : rms_vd_set(0.0);
+            }
+            return block;
+        }
+#endif
         char packed[RMS_VF_WIDTH * 8];
         const char *src = p;
         if (stride != 8 || count != RMS_VF_WIDTH) {
@@ -163,6 +180,12 @@ RMS_ALWAYS_INLINE void rms_store_floats(rms_kind kind, char *p, ptrdiff_t stride
         rms_vf_store(kind, p, v, stream);
         return;
     }
+#if RMS_HAVE_MASKED
+    if (stride == rms_kind_size(kind)) {
+        rms_vf_store_first(kind, p, v, count);
+        return;
+    }
+#endif
     char packed[RMS_VF_WIDTH * 4];
     rms_vf_store(kind, packed, v, 0);
     rms_scatter(kind, p, stride, packed, count);
@@ -175,6 +198,12 @@ RMS_ALWAYS_INLINE void rms_store_halves(char *p, ptrdiff_t stride, ptrdiff_t cou
         rms_vh_store(p, v, stream);
         return;
     }
+#if RMS_HAVE_MASKED
+    if (stride == 2) {
+        rms_vh_store_first(p, v, count);
+        return;
+    }
+#endif
     char packed[RMS_VF_WIDTH * 2];
     rms_vh_store(packed, v, 0);
     rms_scatter(RMS_KIND_F16, p, stride, packed, count);
@@ -190,6 +219,21 @@ RMS_ALWAYS_INLINE void rms_store_doubles(char *p, ptrdiff_t stride, ptrdiff_t co
         }
         return;
     }
+#if RMS_HAVE_MASKED
+    if (stride == 8) {
+        RMS_UNROLL
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            const ptrdiff_t left = count - h * RMS_VD_WIDTH;
+            if (left >= RMS_VD_WIDTH) {
+                rms_vd_store(p + h * RMS_VD_WIDTH * 8, block->part[h], 0);
+            }
+            else if (left > 0) {
+                rms_vd_store_first(p + h * RMS_VD_WIDTH * 8, block->part[h], left);
+            }
+        }
+        return;
+    }
+#endif
     char packed[RMS_VF_WIDTH * 8];
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {

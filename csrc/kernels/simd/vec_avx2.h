@@ -19,6 +19,9 @@
 #define RMS_VECTOR_BYTES 32
 #define RMS_HAVE_FMA 1
 #define RMS_HAVE_STREAM 1
+/* AVX2 has no masked moves of 16-bit elements; its 32- and 64-bit ones
+   (vmaskmov) are left untried: heads and tails go through packed copies */
+#define RMS_HAVE_MASKED 0
 
 typedef __m256 rms_vf;
 typedef __m256d rms_vd;

@@ -10,6 +10,14 @@
  *   RMS_VECTOR_BYTES            the alignment that full stores like
  *   RMS_HAVE_FMA                1 where a * b + c can be fused in one rounding
  *   RMS_HAVE_STREAM             1 where stores can bypass the cache
+ *   RMS_HAVE_MASKED             1 where the first count elements of a block
+ *                               load and store as one masked vector, with:
+ *     rms_vf_load_first(kind, p, count), rms_vd_load_first(p, count)
+ *                               as rms_vf_load and rms_vd_load, zero from
+ *                               lane count on (0 < count < the width); the
+ *                               lanes past count are never read
+ *     rms_vf_store_first(kind, p, v, count), rms_vh_store_first(p, v, count),
+ *     rms_vd_store_first(p, v, count)   lanes 0 to count - 1 only
  *   rms_vf, rms_vd, rms_vh      the vector types (rms_vh: RMS_VF_WIDTH 16-bit
  *                               patterns, float16 or bfloat16)
  *   rms_vf_load(kind, p)        RMS_VF_WIDTH elements widened to float (exact)
@@ -64,6 +72,7 @@
 #define RMS_VECTOR_BYTES 1
 #define RMS_HAVE_FMA 0
 #define RMS_HAVE_STREAM 0
+#define RMS_HAVE_MASKED 0 /* one-element vectors are never partial */
 
 typedef float rms_vf;
 typedef double rms_vd;
