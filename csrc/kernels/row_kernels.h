@@ -2202,8 +2202,9 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
     /* Together only where every row's grad_input has the same alignment:
        each step after the first starts where the stores are aligned, so
        that a row's first and last blocks are its only partial ones, as
-       when it is written whole (a partial block goes through a packed
-       copy, and NumPy aligns its buffers to 16 bytes only). */
+       when it is written whole (a partial block costs more than a whole
+       one: masked moves on AVX-512, a packed copy elsewhere; and NumPy
+       aligns its buffers to 16 bytes only). */
     if (rms_backward_rows_together(xk) > 1 &&
         p->grad_input.row_stride % RMS_VECTOR_BYTES == 0) {
         const ptrdiff_t size = rms_kind_size(xk);
