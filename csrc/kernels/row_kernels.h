@@ -2168,16 +2168,16 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows_of(rms_kind xk, rms_kind wk, int c
  * How many rows of float32 x the backward writes together, and in how
  * many columns at a time. A row's write pass reads the weight and reads and
  * writes grad_weight, 24 bytes of doubles a column, twice its own
- * operands' 12; past 2000 columns or so they no longer stay in L1 from one
- * row to the next. Rows written together, a step of columns each in turn,
- * find that step's doubles in L1. The row order, and so every sum, is the
- * same. Measured on 1 thread (benchmarks/compare_builds.py), float32's
- * backward took a fifth to a quarter less time at 2048x4096 and 4096x8192,
- * and its fused backward about a tenth less. The others are written a row
- * at a time: 16-bit rows are written in float, where the conversions, not
- * the doubles, set the pace (together they lost 4% to the extra steps),
- * and float64 rows, whose own operands are as wide as the doubles, lost 5%
- * from memory.
+ * operands' 12; with those, past about 1700 columns (48 KiB of L1) the
+ * doubles no longer stay in L1 from one row to the next. Rows written
+ * together, a step of columns each in turn, find that step's doubles in
+ * L1. The row order, and so every sum, is the same. Measured on 1 thread
+ * (benchmarks/compare_builds.py), float32's backward took a fifth to a
+ * quarter less time at 2048x4096 and 4096x8192, and its fused backward
+ * about a tenth less. The others are written a row at a time: 16-bit rows
+ * are written in float, where the conversions, not the doubles, set the
+ * pace (together they lost 4% to the extra steps), and float64 rows, whose
+ * own operands are as wide as the doubles, lost 5% from memory.
  */
 #define RMS_BACKWARD_ROWS_TOGETHER 4
 #define RMS_BACKWARD_COLUMNS_TOGETHER 1024
