@@ -142,9 +142,13 @@ RMS_ALWAYS_INLINE rms_block rms_load_doubles(rms_kind kind, const char *p, ptrdi
             RMS_UNROLL
             for (int h = 0; h < RMS_VD_PER_VF; h++) {
                 const ptrdiff_t left = count - h * RMS_VD_WIDTH;
-                block.part[h] = left >= RMS_VD_WIDTH ? rms_vd_load(p + h * RMS_VD_WIDTH * 8)
-                                : left > 0           ? rms_vd_load_first(p + h * RMS_VD_WIDTH * 8, left)
-                                                     : rms_vd_set(0.0);
+                block.part[h] = rms_vd_set(0.0);
+                if (left >= RMS_VD_WIDTH) {
+                    block.part[h] = rms_vd_load(p + h * RMS_VD_WIDTH * 8);
+                }
+                else if (left > 0) {
+                    block.part[h] = rms_vd_load_first(p + h * RMS_VD_WIDTH * 8, left);
+                }
             }
             return block;
         }
