@@ -103,7 +103,7 @@ def _at_byte_offset(shape: tuple[int, ...], dtype: type, offset: int) -> np.ndar
     64-byte boundary, in a buffer of 0xA5 bytes that reaches 64 bytes
     either side of it."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    buffer = np.full(size + 192, 0xA5, np.uint8)
+    buffer = np.full(size + 256, 0xA5, np.uint8)
     start = -buffer.ctypes.data % 64 + 64 + offset
     return buffer[start:start + size].view(dtype).reshape(shape)
 
