@@ -2211,14 +2211,11 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
        aligns its buffers to 16 bytes only). */
     if (rms_backward_rows_together(xk) > 1 &&
         p->grad_input.row_stride % RMS_VECTOR_BYTES == 0) {
-        const ptrdiff_t size = rms_kind_size(xk);
-        const ptrdiff_t grad_input_stride = contiguous ? size : p->grad_input.stride;
-        const char *first_grad_input = rms_element_out(
-            rms_element_out(p->grad_input.data, row_begin, p->grad_input.row_stride),
-            column_begin, grad_input_stride);
+        const rms_backward_row_operands first =
+            rms_backward_row_at(xk, 0, contiguous, p, row_begin, column_begin, 0);
         step = RMS_BACKWARD_COLUMNS_TOGETHER;
-        first_step = step + rms_unaligned_head(first_grad_input, grad_input_stride, size,
-                                               column_end - column_begin);
+        first_step = step + rms_unaligned_head(first.grad_input, first.grad_input_stride,
+                                               rms_kind_size(xk), column_end - column_begin);
     }
     for (ptrdiff_t c = column_begin, count = first_step; c < column_end; c += count, count = step) {
         if (count > column_end - c) {
