@@ -1737,12 +1737,13 @@ RMS_ALWAYS_INLINE void rms_backward_any_block(
     }
 }
 
-/* A row of the backward's grad_residual_out, where add_residual, and the
-   same row of the row further on that the write loop asks for (or NULL). */
+/* A row of the backward's grad_residual_out, where add_residual, from the
+   column where a write pass starts; left is how many of the row's
+   columns are there from that one on, for the write loop's asks ahead. */
 typedef struct {
     int add_residual;
-    const char *data, *ahead;
-    ptrdiff_t stride;
+    const char *data;
+    ptrdiff_t stride, left;
 } rms_grad_residual;
 
 /*
@@ -1972,19 +1973,25 @@ RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_kind xk, ptrdiff_t n,
 /* A backward row's reduction pass: sum(x^2) and sum(g w x), and from them
    the plan of its write pass. w_as_stored says whether w holds the stored
    weight as doubles, with no offset: only then may the float path read the
-   stored weight instead. */
+   stored weight instead. ask_for is a contiguous row of n elements that
+   the pass asks for as it goes, or NULL: the row's grad_residual_out,
+   which its write pass reads next (RMS_GRAD_RESIDUAL_AHEAD says why). */
 RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind wk, ptrdiff_t n,
                                                           const char *grad_output,
                                                           ptrdiff_t grad_output_stride,
                                                           const char *x, ptrdiff_t xs,
                                                           const double *w, int w_as_stored,
-                                                          double eps)
+                                                          double eps, const char *ask_for)
 {
     rms_lanes squares, dot;
     rms_lanes_clear(&squares);
     rms_lanes_clear(&dot);
+    const ptrdiff_t size = rms_kind_size(xk);
     ptrdiff_t i = 0;
     for (; i + RMS_DOT_LANES <= n; i += RMS_DOT_LANES) {
+        if (ask_for != NULL) {
+            rms_prefetch(rms_element(ask_for, i, size), RMS_DOT_LANES * size);
+        }
         rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, grad_output, grad_output_stride, w,
                                 i, RMS_DOT_LANES);
     }
@@ -2025,12 +2032,27 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
     return plan;
 }
 
+/*
+ * How far ahead in its own row a streamed write loop asks for
+ * grad_residual_out, in elements. The fused backward reads
+ * grad_residual_out in its write pass only, from memory. Asked for a few
+ * rows ahead, as grad_output and x are, its loads still waited on memory
+ * for a quarter of the float32 fused backward's time at 2048x4096 (perf),
+ * which was then no faster than the backward followed by np.add. Asked
+ * for by the row's reduction pass, beside the row's other operands, and
+ * again this far ahead by the write pass, the float32 fused backward took
+ * a tenth less time at 2048x4096 and a seventh less at 4096x8192, and
+ * float64's a quarter less; the 16-bit ones moved within noise
+ * (benchmarks/compare_builds.py --fused, 1 thread, two runs).
+ */
+#define RMS_GRAD_RESIDUAL_AHEAD 512
+
 /* A backward row's write pass over `count` elements, the whole row or one
    tile of it (every pointer at the tile's first column; w_stored is the
    stored weight, which the float path reads). A streamed output's write
    loop also asks for the grad_output and x of a row further on
    (ahead_grad_output and ahead_x, or NULL), as rms_forward_write asks for
-   the next row. */
+   the next row, and for grad_residual_out further on in its own row. */
 RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
                                               const rms_backward_plan *plan, ptrdiff_t count,
                                               const char *grad_output,
@@ -2082,9 +2104,10 @@ RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
             rms_prefetch(rms_element(ahead_grad_output, i, grad_output_stride),
                          RMS_LANES * grad_output_stride);
             rms_prefetch(rms_element(ahead_x, i, xs), RMS_LANES * xs);
-            if (gr.add_residual) {
-                rms_prefetch(rms_element(gr.ahead, i, gr.stride), RMS_LANES * gr.stride);
-            }
+        }
+        if (streamed && gr.add_residual && i + RMS_GRAD_RESIDUAL_AHEAD + RMS_LANES <= gr.left) {
+            rms_prefetch(rms_element(gr.data, i + RMS_GRAD_RESIDUAL_AHEAD, gr.stride),
+                         RMS_LANES * gr.stride);
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
             RMS_BACKWARD_BLOCK_AT(i + b, RMS_VF_WIDTH, streamed);
@@ -2126,15 +2149,14 @@ RMS_ALWAYS_INLINE rms_backward_row_operands rms_backward_row_at(
                                 : NULL;
     o.ahead_x = ahead ? rms_element(o.x, ahead, p->x.row_stride) : NULL;
     o.gr.add_residual = add_residual;
-    o.gr.data = o.gr.ahead = NULL;
+    o.gr.data = NULL;
     o.gr.stride = 0;
+    o.gr.left = p->n - column;
     if (add_residual) {
         o.gr.stride = contiguous ? es : p->grad_residual_out.stride;
         o.gr.data = rms_element(
             rms_element(p->grad_residual_out.data, r, p->grad_residual_out.row_stride), column,
             o.gr.stride);
-        o.gr.ahead =
-            ahead ? rms_element(o.gr.data, ahead, p->grad_residual_out.row_stride) : NULL;
     }
     return o;
 }
@@ -2160,11 +2182,18 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows_of(rms_kind xk, rms_kind wk, int c
 {
     const double eps = rms_backward_eps(xk, p);
     const int w_as_stored = p->weight_offset == NULL;
+    const int add_residual = p->grad_residual_out.data != NULL;
+    const int ask = add_residual && contiguous && p->stream_output;
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
-        const rms_backward_row_operands o = rms_backward_row_at(xk, 0, contiguous, p, r, 0, 0);
-        plans[r - row_begin] = rms_backward_row_plan(xk, wk, p->n, o.grad_output,
-                                                     o.grad_output_stride, o.x, o.xs, weight,
-                                                     w_as_stored, eps);
+        const rms_backward_row_operands o =
+            rms_backward_row_at(xk, add_residual, contiguous, p, r, 0, 0);
+        /* NULL a constant where nothing is asked for: a test in the
+           reduction loop made the plain 16-bit backward 5 to 13% slower */
+        plans[r - row_begin] =
+            ask ? rms_backward_row_plan(xk, wk, p->n, o.grad_output, o.grad_output_stride, o.x,
+                                        o.xs, weight, w_as_stored, eps, o.gr.data)
+                : rms_backward_row_plan(xk, wk, p->n, o.grad_output, o.grad_output_stride, o.x,
+                                        o.xs, weight, w_as_stored, eps, NULL);
     }
 }
 
