@@ -2041,8 +2041,8 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
  * which was then no faster than the backward followed by np.add. Asked
  * for by the row's reduction pass, beside the row's other operands, and
  * again this far ahead by the write pass, the float32 fused backward took
- * a tenth less time at 2048x4096 and a seventh less at 4096x8192, and
- * float64's a quarter less; the 16-bit ones moved within noise
+ * 4 to 10% less time at 2048x4096 and 13 to 14% less at 4096x8192, and
+ * float64's 12 to 29% less; the 16-bit ones moved within noise
  * (benchmarks/compare_builds.py --fused, 1 thread, two runs).
  */
 #define RMS_GRAD_RESIDUAL_AHEAD 512
