@@ -1,14 +1,16 @@
 """Two builds of the kernels side by side: is a change faster or slower?
 
     python benchmarks/compare_builds.py OTHER_CORE_SO [--repeats N] [--fused]
+        [--dtypes D,...] [--shapes ROWSxN,...] [--threads T]
 
 OTHER_CORE_SO is the ``rmsnorm/_core*.so`` of another build, for example one
 of an older commit made with ``git worktree add /tmp/old COMMIT`` and
 ``python setup.py build_ext --inplace`` there. It is loaded beside the
 installed rmsnorm, and each shape's forward and backward gufuncs (``out=``
-given, one thread) are timed in both builds, interleaved repeat by repeat,
-with ``np.copyto`` of the same bytes: the ratios are of one run, on the same
-arrays, so machine noise hits both builds alike. With ``--fused``, the
+given, one thread unless ``--threads`` says otherwise) are timed in both
+builds, interleaved repeat by repeat, with ``np.copyto`` of the same bytes
+(one thread): the ratios are of one run, on the same arrays, so machine
+noise hits both builds alike. With ``--fused``, the
 fused residual add's gufuncs instead: ``add_forward`` (``out=(y, h)``, h
 an array of its own) and ``add_backward``.
 """
@@ -78,18 +80,24 @@ def main(argv=None) -> int:
                         help=f"comma-separated dtypes (default {','.join(DTYPES)})")
     parser.add_argument("--fused", action="store_true",
                         help="time add_forward and add_backward instead")
+    parser.add_argument("--shapes", default=",".join(f"{r}x{n}" for r, n in SHAPES),
+                        help="comma-separated ROWSxN shapes (default the benchmark's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of both builds (default 1)")
     args = parser.parse_args(argv)
+    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
     other = load_other(args.other)
     dtypes = [resolve_dtype(name) for name in args.dtypes.split(",")]
     if BF16 is not None and BF16 in dtypes:
         other._register_bfloat16(BF16)
-    rmsnorm.set_num_threads(1)
-    other.set_num_threads(1)
-    print(f"this build: {rmsnorm._core.__file__}\nother build: {args.other}\n")
+    rmsnorm.set_num_threads(args.threads)
+    other.set_num_threads(args.threads)
+    print(f"this build: {rmsnorm._core.__file__}\nother build: {args.other}\n"
+          f"threads: {args.threads}\n")
     fwd, bwd = ("add_forward", "add_backward") if args.fused else ("fwd", "bwd")
     print(f"| shape | dtype | {fwd} / copy: this | other | {bwd} / copy: this | other |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for rows, n in SHAPES:
+    for rows, n in shapes:
         for dtype in dtypes:
             t = time_shape(other, rows, n, dtype, args.repeats, args.fused)
             c = t["copy"]
