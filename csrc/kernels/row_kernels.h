@@ -1017,11 +1017,11 @@ RMS_ALWAYS_INLINE rms_block rms_make_sum(rms_kind xk, const char *x, ptrdiff_t x
         }
     }
     else {
-        rms_vh narrowed;
-        rounded = rms_vf_round16(xk, rounded, &narrowed);
+        const rms_vh narrowed = rms_vf_narrow16(xk, rounded);
         if (sum != NULL) {
             rms_store_halves(sum, sum_stride, count, narrowed, 0);
         }
+        rounded = rms_vh_widen(xk, narrowed);
     }
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {

@@ -211,21 +211,6 @@ RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
     return kind == RMS_KIND_F16 ? rms_vf_to_float16(v) : rms_vf_to_bf16(v);
 }
 
-/* 16 floats rounded to float16 or bfloat16 as rms_vf_narrow16 rounds
-   them: the patterns in *bits, and their values as floats. A bfloat16
-   value is its rounded pattern with the low half cleared, so it takes an
-   and where widening the packed patterns back takes a word permute. */
-RMS_ALWAYS_INLINE rms_vf rms_vf_round16(rms_kind kind, rms_vf v, rms_vh *bits)
-{
-    if (kind == RMS_KIND_F16) {
-        *bits = rms_vf_to_float16(v);
-        return rms_vh_widen(kind, *bits);
-    }
-    const __m512i rounded = rms_vf_bf16_in_top_halves(v);
-    *bits = rms_top_halves(rounded);
-    return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32((int32_t)0xffff0000u)));
-}
-
 /* Stores 16 floats narrowed to a 32- or 16-bit kind, each rounded once to
    nearest, ties to even. With stream, p is vector-aligned and the stores
    bypass the cache. */

@@ -25,8 +25,6 @@
  *   rms_vh_widen(kind, h)       float16 or bfloat16 patterns to floats (exact)
  *   rms_vf_narrow16(kind, v)    floats to float16 or bfloat16 patterns, as
  *                               rms_vf_store rounds them
- *   rms_vf_round16(kind, v, &bits)      the same patterns in bits, and
- *                               their values widened back to floats
  *   rms_vd_load(p), rms_vd_store(p, v, stream)    doubles
  *   rms_vd_widen(v, part)       floats to doubles, part of RMS_VF_WIDTH / RMS_VD_WIDTH
  *   rms_vd_load_widened(kind, p, parts) RMS_VF_WIDTH elements of a 32- or 16-bit
@@ -160,12 +158,6 @@ RMS_ALWAYS_INLINE rms_vh rms_vf_to_float16(rms_vf v) { return rms_float_to_half(
 RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
 {
     return kind == RMS_KIND_F16 ? rms_float_to_half(v) : rms_float_to_bfloat16(v);
-}
-
-RMS_ALWAYS_INLINE rms_vf rms_vf_round16(rms_kind kind, rms_vf v, rms_vh *bits)
-{
-    *bits = rms_vf_narrow16(kind, v);
-    return rms_vh_widen(kind, *bits);
 }
 
 RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
