@@ -2264,9 +2264,9 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
                 streamed && r + ahead < ahead_end ? ahead : 0);
             rms_backward_row_write(xk, wk, &plans[r - row_begin], count, o.grad_output,
                                    o.grad_output_stride, o.x, o.xs, weight + c,
-                                   rms_element(p->weight, c, ws), ws, o.gr, o.grad_input, o.grad_input_stride,
-                                   grad_weight_tile + (c - column_begin), streamed,
-                                   o.ahead_grad_output, o.ahead_x);
+                                   rms_element(p->weight, c, ws), ws, o.gr, o.grad_input,
+                                   o.grad_input_stride, grad_weight_tile + (c - column_begin),
+                                   streamed, o.ahead_grad_output, o.ahead_x);
         }
     }
 }

@@ -18,6 +18,7 @@ typedef struct {
     pthread_mutex_t lock;      /* guards everything below */
     pthread_cond_t work_ready; /* generation changed */
     pthread_cond_t work_done;  /* pending reached 0 */
+    /* atomics, read without the lock only to spin on */
     atomic_ulong generation;
     atomic_int pending; /* workers still running the current task */
     int started; /* workers alive */
@@ -36,6 +37,7 @@ static rms_pool pool = {
     .work_done = PTHREAD_COND_INITIALIZER,
 };
 static atomic_int num_threads; /* 0 until first asked */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /*
  * How long a thread waits busy before it sleeps: a worker for the next
@@ -79,7 +81,6 @@ static int spin_on(rms_spin *spin)
 #endif
     return 1;
 }
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* Worker w (1-based thread index) waits for each new generation. */
 static void *worker_main(void *arg)
