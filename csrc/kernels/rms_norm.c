@@ -21,12 +21,14 @@
  * problem of a few chunks (64x4096 makes 4) leaves cores idle.
  */
 #define RMS_CHUNK_ELEMENTS 65536
-/* Below this many elements a problem stays on the calling thread: waking a
-   worker, and splitting what fits in one core's cache, costs more than the
-   work. Measured on float32 rows of 4096: two threads gained nothing on the
-   forward at 32 rows and lost a third on the backward; at 64 rows both
-   gained. */
-#define RMS_PARALLEL_MIN_ELEMENTS 262144
+/* A problem of fewer elements than two chunks stays on the calling thread;
+   from there on, threads share it. With the pool's workers waiting busy for the next task
+   (thread_pool.c), two threads took 30 to 45% less time than one at
+   32x4096, 128x1024 and 16x8192, every dtype, forward and backward
+   (benchmarks/compare_builds.py --threads 2). Before they waited busy,
+   waking one cost as much as such a problem's work, and the threshold
+   was four chunks. */
+#define RMS_PARALLEL_MIN_ELEMENTS (2 * RMS_CHUNK_ELEMENTS)
 /* Outputs at least this large are written with non-temporal stores: they
    cannot stay in cache for the caller anyway, and skipping the read of each
    line before writing it saves a third of the traffic (2048x4096 float32 and

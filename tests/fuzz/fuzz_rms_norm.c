@@ -1271,7 +1271,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rms_pool_set_num_threads(s.threads);
 
     if (s.big) {
-        /* 128 x 2048: the pool's threshold; rows past 4096 are written a
+        /* 128 x 2048: four of the pool's chunks; rows past 4096 are written a
            tile at a time, in chunks of 8 to 15 rows (float32) */
         const unsigned length = take(&in, 1);
         s.rows = 128;
