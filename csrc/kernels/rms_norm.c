@@ -22,12 +22,12 @@
  */
 #define RMS_CHUNK_ELEMENTS 65536
 /* A problem of fewer elements than two chunks stays on the calling thread;
-   from there on, threads share it. With the pool's workers waiting busy for the next task
-   (thread_pool.c), two threads took 30 to 45% less time than one at
-   32x4096, 128x1024 and 16x8192, every dtype, forward and backward
-   (benchmarks/compare_builds.py --threads 2). Before they waited busy,
-   waking one cost as much as such a problem's work, and the threshold
-   was four chunks. */
+   from there on, threads share it. With the pool's workers waiting busy
+   for the next task (thread_pool.c), two threads took a third less time
+   than one at 32x4096, 128x1024 and 16x8192, every dtype, forward and
+   backward (benchmarks/compare_builds.py --threads 2, four runs: 12% to
+   50% less in 86 of 88 figures). Before they waited busy, waking one cost
+   as much as such a problem's work, and the threshold was four chunks. */
 #define RMS_PARALLEL_MIN_ELEMENTS (2 * RMS_CHUNK_ELEMENTS)
 /* Outputs at least this large are written with non-temporal stores: they
    cannot stay in cache for the caller anyway, and skipping the read of each
