@@ -491,38 +491,56 @@ def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_plac
 # inv_rms, and so y, off a tie. Rows [3, 3, 1, 1, t, 2, ..., 2] have
 # mean(x**2) = 4 + t**2 / n exactly, so with eps = 0 the outputs of the
 # first two columns, 3 w inv_rms, lie below the tie 1.5 w (w with its last
-# bit set) by t**2 / (8 n) of it, and round toward zero. Summed in plain
-# double, t**2 is below half an ulp of the other squares' sum and is lost:
-# the kernel then sees the tie itself and rounds it to even, which is the
-# wrong neighbour for about half the weights.
-TINY_ELEMENTS = {"float16": 2.0**-24, "bfloat16": 2.0**-60, "float32": 2.0**-30}
+# bit set) by t**2 / (8 n) of it, and must round toward zero. Summed in
+# plain double, t**2 is below half an ulp of the other squares' sum and is
+# lost: a kernel that took that sum as exact would see the tie itself and
+# round it to even, the wrong neighbour for about half the weights.
+# An eps of -(4 - 2^-20) leaves mean(x**2) + eps = 2^-20 + t**2 / n: the
+# same lost square then weighs 2^22 times more, and the outputs lie below
+# the tie 1.5 w 2^11.
+TINY_ELEMENTS = {"float16": 2.0**-24, "bfloat16": 2.0**-30, "float32": 2.0**-30}
+CANCELLING_EPS = {"eps=0": (0.0, 1.0), "eps=-(4-2**-20)": (-(4.0 - 2.0**-20), 2.0**11)}
+# How the row reaches the kernel: into a new array; over x itself, which
+# leaves no x to sum again once y is written; as x + 0 through add_forward,
+# with out=(y, residual); and so, with enough rows that the outputs and
+# the sums are streamed, which makes float32's sums in the write pass.
+SUM_ROUTES = ["new", "in-place", "add_forward", "add_forward-streamed"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known since 2026-12-02, not yet fixed: the forward sums the squares of "
-    "16-bit and float32 rows in plain double, and its double write takes "
-    "that sum as exact, so a square below the sum's rounding is lost"))
+@pytest.mark.parametrize("route", SUM_ROUTES)
+@pytest.mark.parametrize("eps", CANCELLING_EPS.values(), ids=CANCELLING_EPS.keys())
 @pytest.mark.parametrize("n", [8, 4096])
 @pytest.mark.parametrize("dtype", list(TINY_ELEMENTS))
-def test_a_square_below_the_sums_rounding_still_decides_a_tie(dtype, n, isa):
+def test_a_square_below_the_sums_rounding_still_decides_a_tie(dtype, n, eps, route, isa):
     tiny = TINY_ELEMENTS[dtype]
+    eps, scale = eps
     dtype = _dtype(dtype)
     if dtype is None:
         pytest.skip("bfloat16 needs ml_dtypes")
     bits = BITS[np.dtype(dtype).itemsize]
     rng = np.random.default_rng(11)
     rows = 64
+    if route.endswith("streamed"):
+        rows = (16 << 20) // (np.dtype(dtype).itemsize * n) + 1
     # significands below 4/3 with the last bit set: 1.5 w is a midpoint
     magnitude = rng.uniform(1.0, 1.3, (rows, 2)) * 2.0 ** rng.integers(-1, 2, (rows, 2))
     tie_weights = (magnitude.astype(dtype).view(bits) | bits(1)).view(dtype)
     w = np.ones((rows, n), dtype)
     w[:, :2] = tie_weights
-    x = np.array([3, 3, 1, 1, tiny] + [2] * (n - 5), np.float64).astype(dtype)
-    assert float(x[4]) == tiny
+    row = np.array([3, 3, 1, 1, tiny] + [2] * (n - 5), np.float64).astype(dtype)
+    assert float(row[4]) == tiny
+    x = np.tile(row, (rows, 1))
 
-    y = rmsnorm.forward(x, w, 0.0)
+    if route == "new":
+        y = rmsnorm.forward(x, w, eps)
+    elif route == "in-place":
+        y = rmsnorm.forward(x, w, eps, out=x)
+    else:
+        residual = np.zeros_like(x)
+        y, h = rmsnorm.add_forward(x, residual, w, eps, out=(np.empty_like(x), residual))
+        assert h is residual and np.array_equal(h[:, :5].view(bits), x[:, :5].view(bits))
 
-    tie = 1.5 * tie_weights.astype(np.float64)
+    tie = 1.5 * scale * tie_weights.astype(np.float64)
     nearest = tie.astype(dtype)  # to even: one of the tie's two neighbours
     toward_zero = np.where(nearest.astype(np.float64) > tie,
                            np.nextafter(nearest, np.zeros((), dtype)), nearest)

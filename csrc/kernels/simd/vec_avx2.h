@@ -71,6 +71,12 @@ RMS_ALWAYS_INLINE int rms_vf_equal(rms_vf a, rms_vf b)
     return _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)) == 0xff;
 }
 
+RMS_ALWAYS_INLINE int rms_vf_same(rms_vf a, rms_vf b)
+{
+    const __m256i equal = _mm256_cmpeq_epi32(_mm256_castps_si256(a), _mm256_castps_si256(b));
+    return _mm256_movemask_epi8(equal) == -1;
+}
+
 RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
 {
     const rms_vd magnitude = _mm256_andnot_pd(_mm256_set1_pd(-0.0), w);

@@ -65,6 +65,11 @@ RMS_ALWAYS_INLINE int rms_vf_equal(rms_vf a, rms_vf b)
     return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ) == 0xffff;
 }
 
+RMS_ALWAYS_INLINE int rms_vf_same(rms_vf a, rms_vf b)
+{
+    return _mm512_cmpneq_epi32_mask(_mm512_castps_si512(a), _mm512_castps_si512(b)) == 0;
+}
+
 RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
 {
     return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, 0x08 | 0x10), value);

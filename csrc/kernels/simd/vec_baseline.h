@@ -40,6 +40,7 @@
  *                               nonzero, else 0
  *   rms_vf_equal(a, b)          whether every lane of a equals b's (a NaN
  *                               equals nothing)
+ *   rms_vf_same(a, b)           whether every lane of a has b's bit pattern
  *   rms_stream_fence()          orders streamed stores before later reads
  *   rms_vf_to_float16(v)        floats to float16 bits, to nearest even
  *   rms_vf_top16_biased(v, bias)        the top 16 bits of each float's
@@ -135,6 +136,11 @@ RMS_ALWAYS_INLINE rms_vf rms_vf_where_both_nonzero(rms_vf value, rms_vf a, rms_v
 }
 
 RMS_ALWAYS_INLINE int rms_vf_equal(rms_vf a, rms_vf b) { return a == b; }
+
+RMS_ALWAYS_INLINE int rms_vf_same(rms_vf a, rms_vf b)
+{
+    return rms_float_bits(a) == rms_float_bits(b);
+}
 
 RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
 {
