@@ -497,19 +497,24 @@ def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_plac
 # round it to even, the wrong neighbour for about half the weights.
 # An eps of -(4 - 2^-20) leaves mean(x**2) + eps = 2^-20 + t**2 / n: the
 # same lost square then weighs 2^22 times more, and the outputs lie below
-# the tie 1.5 w 2^11.
+# the tie 1.5 w 2^11. Each t is small enough for a plain sum to lose its
+# square at n = 8, and large enough that t**2 / n stays well inside what a
+# double-double sum and inv_rms resolve, so that an exact sum decides it.
 TINY_ELEMENTS = {"float16": 2.0**-24, "bfloat16": 2.0**-30, "float32": 2.0**-30}
 CANCELLING_EPS = {"eps=0": (0.0, 1.0), "eps=-(4-2**-20)": (-(4.0 - 2.0**-20), 2.0**11)}
 # How the row reaches the kernel: into a new array; over x itself, which
 # leaves no x to sum again once y is written; as x + 0 through add_forward,
 # with out=(y, residual); and so, with enough rows that the outputs and
-# the sums are streamed, which makes float32's sums in the write pass.
-SUM_ROUTES = ["new", "in-place", "add_forward", "add_forward-streamed"]
+# the sums are streamed, which makes float32's sums in the write pass
+# (long rows only: 16 MiB of rows of 8 is half a million rows, slow under
+# the sanitizers for no other path).
+SUM_ROUTES = [(n, route) for n in (8, 4096)
+              for route in ("new", "in-place", "add_forward", "add_forward-streamed")
+              if n == 4096 or not route.endswith("streamed")]
 
 
-@pytest.mark.parametrize("route", SUM_ROUTES)
+@pytest.mark.parametrize(("n", "route"), SUM_ROUTES, ids=[f"{n}-{r}" for n, r in SUM_ROUTES])
 @pytest.mark.parametrize("eps", CANCELLING_EPS.values(), ids=CANCELLING_EPS.keys())
-@pytest.mark.parametrize("n", [8, 4096])
 @pytest.mark.parametrize("dtype", list(TINY_ELEMENTS))
 def test_a_square_below_the_sums_rounding_still_decides_a_tie(dtype, n, eps, route, isa):
     tiny = TINY_ELEMENTS[dtype]

@@ -1573,8 +1573,7 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
                 rms_write_sums(xk, n, row);
                 rms_row_source written = *row;
                 written.remade = 0;
-                inv_rms =
-                    rms_exact_inv_rms(xk, n, x, xs, eps);
+                inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
                 return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n,
                                          &written, w, y, ys, stream, inv_rms, 0.0, NULL, next);
             }
