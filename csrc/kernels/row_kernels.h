@@ -358,21 +358,22 @@ RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int 
     return total;
 }
 
-/* Adds a * b to one accumulator: with its rounding errors in comp where
-   the product is not exact in double (a float64 operand). */
-RMS_ALWAYS_INLINE void rms_accumulate(int compensated, rms_vd *sum, rms_vd *comp, rms_vd a,
-                                      rms_vd b)
+/* Adds a * b to one accumulator: plain where the product is exact in
+   double (float operands) and no compensation is asked for; else with the
+   sum's rounding error in comp, and the product's own error too where it
+   may have one (a float64 operand). */
+RMS_ALWAYS_INLINE void rms_accumulate(int compensated, int product_exact, rms_vd *sum,
+                                      rms_vd *comp, rms_vd a, rms_vd b)
 {
-    if (compensated) {
-        const rms_vd p = rms_vd_mul(a, b);
-        const rms_vd p_err = rms_vd_product_error(a, b, p);
-        rms_vd s_err;
-        *sum = rms_vd_two_sum(*sum, p, &s_err);
-        *comp = rms_vd_add(*comp, rms_vd_add(s_err, p_err));
-    }
-    else {
+    if (!compensated) {
         *sum = rms_vd_muladd(a, b, *sum); /* the product is exact: fused or not, one rounding */
+        return;
     }
+    const rms_vd p = rms_vd_mul(a, b);
+    rms_vd s_err;
+    *sum = rms_vd_two_sum(*sum, p, &s_err);
+    *comp = product_exact ? rms_vd_add(*comp, s_err)
+                          : rms_vd_add(*comp, rms_vd_add(s_err, rms_vd_product_error(a, b, p)));
 }
 
 /* Whether the forward sums the squares of kind in plain double: float32
@@ -390,15 +391,10 @@ RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, int compensated, rms_l
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd e = scaled ? rms_vd_mul(v->part[h], rms_vd_set(scale)) : v->part[h];
         const int k = b * RMS_VD_PER_VF + h;
-        if (compensated && rms_squares_are_plain(xk) && !scaled) {
-            /* the square is exact: only the sum's rounding to keep */
-            rms_vd err;
-            lanes->sum[k] = rms_vd_two_sum(lanes->sum[k], rms_vd_mul(e, e), &err);
-            lanes->comp[k] = rms_vd_add(lanes->comp[k], err);
-            continue;
-        }
-        rms_accumulate(compensated || !rms_squares_are_plain(xk), &lanes->sum[k],
-                       &lanes->comp[k], e, e);
+        /* a scaled square need not be exact */
+        rms_accumulate(compensated || !rms_squares_are_plain(xk),
+                       rms_squares_are_plain(xk) && !scaled, &lanes->sum[k], &lanes->comp[k], e,
+                       e);
     }
 }
 
@@ -507,9 +503,9 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const int k = b * RMS_VD_PER_VF + h;
             const rms_vd g = rms_vd_mul(grad_output_v.part[h], wv.part[h]);
-            rms_accumulate(!rms_kind_is_float_exact(xk), &squares->sum[k], &squares->comp[k],
+            rms_accumulate(!rms_kind_is_float_exact(xk), 0, &squares->sum[k], &squares->comp[k],
                            xv.part[h], xv.part[h]);
-            rms_accumulate(compensated_dot, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
+            rms_accumulate(compensated_dot, 0, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
         }
     }
 }
@@ -1534,53 +1530,54 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
     const char *x = with_residual ? row->sum : row->x;
     const ptrdiff_t xs = with_residual ? row->sum_stride : row->x_stride;
     const int needs_rescale = rms_sum_needs_rescale(sum_squares.hi);
-    if (with_residual && row->remade && needs_rescale) {
-        /* A remade row whose inv_rms is worked out again from its values
-           (an infinity or a NaN among them; float32 only): its sums are
-           written first, for that pass to read, and its write pass reads
-           them rather than make them again, since out= may have put them
-           over x or the residual. Out of line, as such rows are rare. */
-        rms_write_sums(xk, n, row);
-        rms_row_source written = *row;
-        written.remade = 0;
-        const rms_dd inv_rms =
-            rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares));
-        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, &written,
-                                 w, y, ys, stream, inv_rms, 0.0, NULL, next);
+    rms_dd inv_rms = {0.0, 0.0};
+    rms_write_mode mode = RMS_WRITE_DOUBLE;
+    double sum_error = 0.0;
+    int exact_first = 0; /* whether the plain sum is made exact before the write */
+    /* rows of a plain kind that need a rescale have an infinity or a NaN,
+       or are 0: no output of theirs is rounded, and their sum's error is
+       left at 0 */
+    if (!needs_rescale) {
+        inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+        mode = rms_write_mode_of(xk, wk, w, inv_rms);
+        if (rms_squares_are_plain(xk)) {
+            sum_error = rms_sum_error(n, sum_squares.hi, eps);
+            exact_first =
+                sum_error > RMS_SUM_ERROR_LIMIT || !rms_mode_is_fast(mode) ||
+                (!with_residual && rms_rows_overlap(x, xs, y, ys, n, rms_kind_size(xk)));
+        }
     }
-    rms_dd inv_rms;
-    if (needs_rescale) {
+    const rms_row_source *source = row;
+    rms_row_source written;
+    if (with_residual && row->remade && (needs_rescale || exact_first)) {
+        /* A remade row whose inv_rms is worked out again from its values
+           (float32 only): its sums are written first, for that pass to
+           read, and its write pass reads them rather than make them again,
+           since out= may have put them over x or the residual. In double,
+           out of line, as such rows are rare. */
+        rms_write_sums(xk, n, row);
+        written = *row;
+        written.remade = 0;
+        source = &written;
+        inv_rms = needs_rescale
+                      ? rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares))
+                      : rms_exact_inv_rms(xk, n, x, xs, eps);
+        mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
+        sum_error = 0.0;
+    }
+    else if (needs_rescale) {
         const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
         if (xk == RMS_KIND_F64 && !rms_scaled_inv_in_range(scaled)) {
             return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys,
                                            rms_scaled_inv_normalised(scaled), next);
         }
         inv_rms = rms_scaled_inv_value(scaled);
+        mode = rms_write_mode_of(xk, wk, w, inv_rms);
     }
-    else {
-        inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
-    }
-    rms_write_mode mode = rms_write_mode_of(xk, wk, w, inv_rms);
-    /* rows that need a rescale have an infinity or a NaN, or are 0: no
-       output of theirs is rounded */
-    double sum_error = 0.0;
-    if (rms_squares_are_plain(xk) && !needs_rescale) {
-        sum_error = rms_sum_error(n, sum_squares.hi, eps);
-        if (sum_error > RMS_SUM_ERROR_LIMIT || !rms_mode_is_fast(mode) ||
-            (!with_residual && rms_rows_overlap(x, xs, y, ys, n, rms_kind_size(xk)))) {
-            if (with_residual && row->remade) {
-                /* as above: the sums first */
-                rms_write_sums(xk, n, row);
-                rms_row_source written = *row;
-                written.remade = 0;
-                inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
-                return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n,
-                                         &written, w, y, ys, stream, inv_rms, 0.0, NULL, next);
-            }
-            inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
-            mode = rms_write_mode_of(xk, wk, w, inv_rms);
-            sum_error = 0.0;
-        }
+    else if (exact_first) {
+        inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
+        mode = rms_write_mode_of(xk, wk, w, inv_rms);
+        sum_error = 0.0;
     }
     /* a constant mode at each call, so that each write loop is its own code */
     switch (mode) {
@@ -1591,8 +1588,8 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
         return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, row, w, y, ys,
                                  stream, inv_rms, sum_error, unsure, next);
     case RMS_WRITE_DOUBLE_OUT_OF_LINE:
-        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, row, w, y,
-                                 ys, stream, inv_rms, sum_error, unsure, next);
+        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, source,
+                                 w, y, ys, stream, inv_rms, sum_error, unsure, next);
     default:
         return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, with_residual, n, row, w, y, ys,
                                  stream, inv_rms, sum_error, unsure, next);
