@@ -8,11 +8,11 @@ of an older commit made with ``git worktree add /tmp/old COMMIT`` and
 ``python setup.py build_ext --inplace`` there. It is loaded beside the
 installed rmsnorm, and each shape's forward and backward gufuncs (``out=``
 given, one thread unless ``--threads`` says otherwise) are timed in both
-builds, interleaved repeat by repeat, with ``np.copyto`` of the same bytes
-(one thread): the ratios are of one run, on the same arrays, so machine
-noise hits both builds alike. With ``--fused``, the
-fused residual add's gufuncs instead: ``add_forward`` (``out=(y, h)``, h
-an array of its own) and ``add_backward``.
+builds, interleaved repeat by repeat (in reverse order every other repeat),
+with ``np.copyto`` of the same bytes (one thread): the ratios are of one run,
+on the same arrays, so machine noise hits both builds alike. With
+``--fused``, the fused residual add's gufuncs instead: ``add_forward``
+(``out=(y, h)``, h an array of its own) and ``add_backward``.
 """
 
 from __future__ import annotations
@@ -66,8 +66,11 @@ def time_shape(other, rows: int, n: int, dtype, repeats: int, fused: bool) -> di
     for fn in candidates.values():  # warm-up
         sample_seconds(fn, 0.01)
     samples = {name: [] for name in candidates}
-    for _ in range(repeats):
-        for name, fn in candidates.items():
+    order = list(candidates.items())
+    for repeat in range(repeats):
+        # Every other repeat runs the candidates in reverse: timed in one
+        # fixed order, the second build was favoured at large shapes.
+        for name, fn in order if repeat % 2 == 0 else order[::-1]:
             samples[name].append(sample_seconds(fn, 0.05))
     return {name: statistics.median(v) for name, v in samples.items()}
 
