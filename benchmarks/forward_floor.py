@@ -68,6 +68,8 @@ def main(argv=None) -> int:
                         help="timings of the skeleton's loops, and interleaved repeats "
                         "(10 ms each) of the copy and the kernel; medians of each")
     args = parser.parse_args(argv)
+    if args.rows <= 0 or args.n <= 0 or args.n % 64 or args.repeats <= 0:
+        parser.error("--rows and --repeats must be positive, --n a positive multiple of 64")
     isa, available = rmsnorm._core._isa()
     if "avx512" not in available:
         print(f"this CPU has no AVX-512 kernels (it has {', '.join(available)}): "
