@@ -4,6 +4,7 @@
 #include "kernels.h"
 
 extern const rms_kernels rms_kernels_baseline[RMS_NUM_TYPES];
+extern const rms_kernels rms_kernels_strided[RMS_NUM_TYPES];
 #if defined(__x86_64__) && defined(__GNUC__)
 #define RMS_X86 1
 extern const rms_kernels rms_kernels_avx2[RMS_NUM_TYPES];
@@ -90,3 +91,5 @@ rms_isa rms_select_isa(void)
 rms_isa rms_active_isa(void) { return (rms_isa)atomic_load(&active); }
 
 const rms_kernels *rms_kernels_for(rms_type type) { return &isas[atomic_load(&active)].table[type]; }
+
+const rms_kernels *rms_strided_kernels_for(rms_type type) { return &rms_kernels_strided[type]; }

@@ -122,8 +122,14 @@ typedef enum {
     RMS_NUM_ISAS
 } rms_isa;
 
-/* The kernels of one type on the instruction set chosen at start-up. */
+/* The kernels of one type on the instruction set chosen at start-up. They
+   take contiguous rows only: every operand's element stride is its kind's
+   size, the weight's included (the driver packs strided rows). */
 const rms_kernels *rms_kernels_for(rms_type type);
+
+/* The portable kernels of one type, which also take strided rows: for rows
+   too long for the driver to pack. */
+const rms_kernels *rms_strided_kernels_for(rms_type type);
 
 /*
  * Chooses the instruction set: the widest this CPU runs (RMSNORM_ISA, read

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fp_env.h"
+#include "packed_rows.h"
 #include "thread_pool.h"
 
 /*
@@ -79,20 +80,82 @@ static int streams_output(ptrdiff_t rows, ptrdiff_t n, ptrdiff_t stride)
 }
 
 typedef struct {
+    rms_type type;
     const rms_kernels *kernels;
     const rms_forward_problem *problem;
     row_chunks chunks;
+    char *packed;              /* NULL, or packed_per_thread bytes for each thread */
+    size_t packed_per_thread;
     atomic_size_t failed_bytes; /* 0, or scratch a chunk could not have */
 } forward_job;
+
+/* Bytes for packed copies of a chunk's strided operands (packed_rows.h):
+   0 where every operand is contiguous, SIZE_MAX where it cannot be had. */
+static size_t forward_packed_bytes(rms_type type, const rms_forward_problem *p,
+                                   ptrdiff_t rows)
+{
+    const ptrdiff_t es = rms_kind_size(rms_type_table[type].x);
+    const ptrdiff_t ws = rms_kind_size(rms_type_table[type].weight);
+    const rms_matrix *rows_of_x[] = {&p->x, &p->y, &p->residual, &p->residual_out};
+    size_t bytes = 0;
+    for (size_t k = 0; k < sizeof rows_of_x / sizeof rows_of_x[0]; k++) {
+        if (rows_of_x[k]->data != NULL && rows_of_x[k]->stride != es) {
+            const size_t more = rms_packed_bytes(rows, p->n, es);
+            bytes = more > SIZE_MAX - bytes ? SIZE_MAX : bytes + more;
+        }
+    }
+    if (p->weight.stride != ws) {
+        const size_t more = rms_packed_bytes(p->weight.row_stride == 0 ? 1 : rows, p->n, ws);
+        bytes = more > SIZE_MAX - bytes ? SIZE_MAX : bytes + more;
+    }
+    return bytes;
+}
+
+/* Rows [begin, end) of the forward, through packed copies of the strided
+   operands where there are any (packed is not NULL). */
+static size_t forward_chunk(const rms_kernels *kernels, const rms_forward_problem *p,
+                            rms_kind x_kind, rms_kind weight_kind, ptrdiff_t begin,
+                            ptrdiff_t end, char *packed)
+{
+    if (packed == NULL) {
+        return kernels->forward_rows(p, begin, end);
+    }
+    const ptrdiff_t rows = end - begin, n = p->n;
+    const ptrdiff_t es = rms_kind_size(x_kind);
+    rms_forward_problem q = *p;
+    q.x = rms_rows_packed(p->x, begin, rows, n, es, &packed, 1);
+    q.y = rms_rows_packed(p->y, begin, rows, n, es, &packed, 0);
+    if (p->residual.data != NULL) {
+        q.residual = rms_rows_packed(p->residual, begin, rows, n, es, &packed, 1);
+        q.residual_out = rms_rows_packed(p->residual_out, begin, rows, n, es, &packed, 0);
+    }
+    q.weight = rms_rows_packed(p->weight, begin, rows, n, rms_kind_size(weight_kind), &packed, 1);
+    q.eps = p->eps + begin * p->eps_stride;
+    if (p->weight_offset != NULL) {
+        q.weight_offset = p->weight_offset + begin * p->weight_offset_stride;
+    }
+    q.stream_output = 0; /* a packed chunk is written in cache */
+    const size_t failed_bytes = kernels->forward_rows(&q, 0, rows);
+    if (failed_bytes == 0) {
+        rms_rows_unpack(p->y, begin, q.y, rows, n, es);
+        if (p->residual.data != NULL) {
+            rms_rows_unpack(p->residual_out, begin, q.residual_out, rows, n, es);
+        }
+    }
+    return failed_bytes;
+}
 
 static void forward_task(void *context, int thread_index, int thread_count)
 {
     forward_job *job = context;
+    const rms_type_kinds kinds = rms_type_table[job->type];
+    char *packed =
+        job->packed != NULL ? job->packed + (size_t)thread_index * job->packed_per_thread : NULL;
     ptrdiff_t begin, end;
-    (void)thread_index;
     (void)thread_count;
     while (take_chunk(&job->chunks, &begin, &end) >= 0) {
-        const size_t failed_bytes = job->kernels->forward_rows(job->problem, begin, end);
+        const size_t failed_bytes =
+            forward_chunk(job->kernels, job->problem, kinds.x, kinds.weight, begin, end, packed);
         if (failed_bytes != 0) {
             atomic_store(&job->failed_bytes, failed_bytes);
         }
@@ -114,43 +177,56 @@ static int has_weight_offset(const char *offsets, ptrdiff_t stride, ptrdiff_t co
     return 0;
 }
 
-/*
- * A weight that is not contiguous (a stride-0 row of ones, which is how
- * weight=None reaches the kernels, or a strided view) as a packed copy in
- * its own kind, or NULL where it is contiguous already or the copy cannot
- * be had (the kernels then read it strided, more slowly). The kernels'
- * fast paths take contiguous rows only; one copy per call, the weight's
- * own size and freed with the call, is what lets every shared weight use
- * them.
- */
-static char *packed_weight(rms_kind kind, ptrdiff_t n, const char *data, ptrdiff_t stride)
+/* Packed copies of strided rows (packed_rows.h) take at most this much
+   memory a thread: a chunk's rows, a few MiB, unless a single row is
+   longer than that. Such rows are read strided, by the portable kernels
+   (rms_strided_kernels_for), in place of copies that may not fit in
+   memory (a stride-0 broadcast row of 2^31 elements). */
+#define RMS_PACKED_MAX_BYTES ((size_t)64 << 20)
+
+/* Scratch for each of `threads` threads' packed rows, per_thread bytes
+   each; NULL where per_thread is 0, or where it is more than
+   RMS_PACKED_MAX_BYTES or cannot be had, and the kernels are then made
+   the strided ones. */
+static char *packed_scratch_alloc(size_t per_thread, int threads, rms_type type,
+                                  const rms_kernels **kernels)
 {
-    const ptrdiff_t size = rms_kind_size(kind);
-    if (stride == size || n <= 0 || (size_t)n > SIZE_MAX / (size_t)size) {
+    char *memory = NULL;
+    if (per_thread == 0) {
         return NULL;
     }
-    char *packed = malloc((size_t)n * (size_t)size);
-    if (packed == NULL) {
+    if (per_thread <= RMS_PACKED_MAX_BYTES) {
+        memory = malloc(per_thread * (size_t)threads);
+    }
+    if (memory == NULL) {
+        *kernels = rms_strided_kernels_for(type);
+    }
+    return memory;
+}
+
+/*
+ * A shared weight that is not contiguous (a stride-0 row of ones, which is
+ * how weight=None reaches the kernels, or a strided view), packed once for
+ * the call into the memory it returns, which the caller frees, and made to
+ * point there. Where that copy is not to be had, as for packed rows, the
+ * kernels are made the strided ones.
+ */
+static char *pack_shared_weight(rms_type type, ptrdiff_t n, const char **data,
+                                ptrdiff_t *stride, const rms_kernels **kernels)
+{
+    const ptrdiff_t size = rms_kind_size(rms_type_table[type].weight);
+    if (*stride == size || n <= 0) {
         return NULL;
     }
-    /* a constant size in each loop: each copy is one load and one store */
-    switch (size) {
-    case 8:
-        for (ptrdiff_t i = 0; i < n; i++) {
-            memcpy(packed + i * 8, data + i * stride, 8);
-        }
-        break;
-    case 4:
-        for (ptrdiff_t i = 0; i < n; i++) {
-            memcpy(packed + i * 4, data + i * stride, 4);
-        }
-        break;
-    default:
-        for (ptrdiff_t i = 0; i < n; i++) {
-            memcpy(packed + i * 2, data + i * stride, 2);
-        }
+    char *copy = packed_scratch_alloc(rms_packed_bytes(1, n, size), 1, type, kernels);
+    if (copy != NULL) {
+        char *cursor = copy;
+        const rms_matrix weight = {(char *)*data, 0, *stride};
+        const rms_matrix packed = rms_rows_packed(weight, 0, 1, n, size, &cursor, 1);
+        *data = packed.data;
+        *stride = packed.stride;
     }
-    return packed;
+    return copy;
 }
 
 /*
@@ -196,20 +272,21 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
     if (!has_weight_offset(p.weight_offset, p.weight_offset_stride, rows)) {
         p.weight_offset = NULL;
     }
-    forward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
+    forward_job job = {.type = type, .kernels = rms_kernels_for(type), .problem = &p};
     row_chunks_init(&job.chunks, rows, p.n, RMS_CHUNK_ELEMENTS);
     atomic_init(&job.failed_bytes, 0);
     if (job.chunks.count == 0) {
         return 0;
     }
-    const rms_kind weight_kind = rms_type_table[type].weight;
-    char *packed = p.weight.row_stride == 0
-                       ? packed_weight(weight_kind, p.n, p.weight.data, p.weight.stride)
-                       : NULL;
-    if (packed != NULL) {
-        p.weight.data = packed;
-        p.weight.stride = rms_kind_size(weight_kind);
+    char *weight_copy = NULL;
+    if (p.weight.row_stride == 0) {
+        const char *weight = p.weight.data;
+        weight_copy = pack_shared_weight(type, p.n, &weight, &p.weight.stride, &job.kernels);
+        p.weight.data = (char *)weight;
     }
+    const int threads = threads_for(&job.chunks, p.n);
+    job.packed_per_thread = forward_packed_bytes(type, &p, job.chunks.rows_per_chunk);
+    job.packed = packed_scratch_alloc(job.packed_per_thread, threads, type, &job.kernels);
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     size_t failed_bytes = 0;
     rms_forward_weight_scratch prepared = {NULL, NULL, NULL, NULL};
@@ -217,12 +294,13 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
         failed_bytes = prepare_forward_weight(type, job.kernels, &p, &prepared);
     }
     if (failed_bytes == 0) {
-        rms_pool_run(forward_task, &job, threads_for(&job.chunks, p.n));
+        rms_pool_run(forward_task, &job, threads);
         failed_bytes = atomic_load(&job.failed_bytes);
     }
     rms_fp_env_leave(saved);
     free(prepared.memory);
-    free(packed);
+    free(job.packed);
+    free(weight_copy);
     return failed_bytes;
 }
 
@@ -262,9 +340,12 @@ static ptrdiff_t backward_chunk_elements(rms_type type, ptrdiff_t n)
 }
 
 typedef struct {
+    rms_kind x_kind;
     const rms_kernels *kernels;
     const rms_backward_problem *problem;
     row_chunks chunks;
+    char *packed; /* NULL, or packed_per_thread bytes for each thread */
+    size_t packed_per_thread;
     const double *weight;          /* n doubles */
     double *total;                 /* n doubles */
     atomic_ptrdiff_t *next_commit; /* per tile: the next chunk to add */
@@ -286,32 +367,92 @@ static void commit_tile(backward_job *job, ptrdiff_t tile, ptrdiff_t chunk,
     atomic_store_explicit(&job->next_commit[tile], chunk + 1, memory_order_release);
 }
 
-static void backward_task(void *context, int thread_index, int thread_count)
+/* Bytes for packed copies of a chunk's strided operands, as for the
+   forward. */
+static size_t backward_packed_bytes(rms_kind x_kind, const rms_backward_problem *p,
+                                    ptrdiff_t rows)
 {
-    backward_job *job = context;
-    const rms_backward_problem *p = job->problem;
-    const ptrdiff_t n = p->n;
-    _Alignas(64) double partial[RMS_TILE_COLUMNS]; /* whole lines for the widest vectors */
-    rms_backward_plan plans[RMS_TILED_ROWS_MAX];
-    ptrdiff_t chunk, begin, end;
-    (void)thread_index;
-    (void)thread_count;
-    while ((chunk = take_chunk(&job->chunks, &begin, &end)) >= 0) {
-        if (n <= RMS_TILE_COLUMNS) {
-            memset(partial, 0, (size_t)n * sizeof(double));
-            job->kernels->backward_rows(p, begin, end, job->weight, partial);
-            commit_tile(job, 0, chunk, partial, 0, n);
-            continue;
+    const ptrdiff_t es = rms_kind_size(x_kind);
+    const rms_matrix *operands[] = {&p->grad_output, &p->x, &p->grad_residual_out,
+                                    &p->grad_input};
+    size_t bytes = 0;
+    for (size_t k = 0; k < sizeof operands / sizeof operands[0]; k++) {
+        if (operands[k]->data != NULL && operands[k]->stride != es) {
+            const size_t more = rms_packed_bytes(rows, p->n, es);
+            bytes = more > SIZE_MAX - bytes ? SIZE_MAX : bytes + more;
         }
-        job->kernels->plan_backward_rows(p, begin, end, job->weight, plans);
+    }
+    return bytes;
+}
+
+/* A chunk's rows [begin, end) as a problem of their own, rows 0 to
+   end - begin, with packed copies of the strided operands where packed is
+   not NULL. */
+static rms_backward_problem backward_chunk_problem(const rms_backward_problem *p,
+                                                   rms_kind x_kind, ptrdiff_t begin,
+                                                   ptrdiff_t end, char *packed)
+{
+    rms_backward_problem q = *p;
+    if (packed == NULL) {
+        return q;
+    }
+    const ptrdiff_t rows = end - begin, n = p->n, es = rms_kind_size(x_kind);
+    q.grad_output = rms_rows_packed(p->grad_output, begin, rows, n, es, &packed, 1);
+    q.x = rms_rows_packed(p->x, begin, rows, n, es, &packed, 1);
+    if (p->grad_residual_out.data != NULL) {
+        q.grad_residual_out = rms_rows_packed(p->grad_residual_out, begin, rows, n, es, &packed, 1);
+    }
+    q.grad_input = rms_rows_packed(p->grad_input, begin, rows, n, es, &packed, 0);
+    q.stream_output = 0; /* a packed chunk is written in cache */
+    q.ahead_end = 0;
+    return q;
+}
+
+/* The chunk's rows of the backward, grad_weight's terms into partial,
+   which holds columns [0, n) where n is one tile or less; else each tile
+   is committed as it is done. */
+static void backward_chunk(backward_job *job, ptrdiff_t chunk, ptrdiff_t begin, ptrdiff_t end,
+                           char *packed, double *partial, rms_backward_plan *plans)
+{
+    const rms_backward_problem q =
+        backward_chunk_problem(job->problem, job->x_kind, begin, end, packed);
+    /* rows 0 to end - begin of a packed problem; else the problem's own */
+    const ptrdiff_t first_row = packed != NULL ? 0 : begin;
+    const ptrdiff_t last_row = first_row + (end - begin);
+    const ptrdiff_t n = q.n;
+    if (n <= RMS_TILE_COLUMNS) {
+        memset(partial, 0, (size_t)n * sizeof(double));
+        job->kernels->backward_rows(&q, first_row, last_row, job->weight, partial);
+        commit_tile(job, 0, chunk, partial, 0, n);
+    }
+    else {
+        job->kernels->plan_backward_rows(&q, first_row, last_row, job->weight, plans);
         for (ptrdiff_t tile = 0; tile < tiles_of(n); tile++) {
             const ptrdiff_t first = tile * RMS_TILE_COLUMNS;
             const ptrdiff_t last = n - first < RMS_TILE_COLUMNS ? n : first + RMS_TILE_COLUMNS;
             memset(partial, 0, (size_t)(last - first) * sizeof(double));
-            job->kernels->write_backward_tile(p, begin, end, plans, first, last, job->weight,
-                                              partial);
+            job->kernels->write_backward_tile(&q, first_row, last_row, plans, first, last,
+                                              job->weight, partial);
             commit_tile(job, tile, chunk, partial, first, last);
         }
+    }
+    if (packed != NULL) {
+        rms_rows_unpack(job->problem->grad_input, begin, q.grad_input, end - begin, n,
+                        rms_kind_size(job->x_kind));
+    }
+}
+
+static void backward_task(void *context, int thread_index, int thread_count)
+{
+    backward_job *job = context;
+    _Alignas(64) double partial[RMS_TILE_COLUMNS]; /* whole lines for the widest vectors */
+    rms_backward_plan plans[RMS_TILED_ROWS_MAX];
+    char *packed =
+        job->packed != NULL ? job->packed + (size_t)thread_index * job->packed_per_thread : NULL;
+    ptrdiff_t chunk, begin, end;
+    (void)thread_count;
+    while ((chunk = take_chunk(&job->chunks, &begin, &end)) >= 0) {
+        backward_chunk(job, chunk, begin, end, packed, partial, plans);
     }
 }
 
@@ -323,7 +464,8 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
         return 0;
     }
     p.stream_output = streams_output(rows, p.n, p.grad_input.stride);
-    backward_job job = {.kernels = rms_kernels_for(type), .problem = &p};
+    backward_job job = {
+        .x_kind = rms_type_table[type].x, .kernels = rms_kernels_for(type), .problem = &p};
     row_chunks_init(&job.chunks, rows, p.n, backward_chunk_elements(type, p.n));
     int threads = threads_for(&job.chunks, p.n);
     p.ahead_end = threads == 1 ? rows : 0;
@@ -341,12 +483,10 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     if (scratch == NULL) {
         return scratch_bytes;
     }
-    const rms_kind weight_kind = rms_type_table[type].weight;
-    char *packed = packed_weight(weight_kind, p.n, p.weight, p.weight_stride);
-    if (packed != NULL) {
-        p.weight = packed;
-        p.weight_stride = rms_kind_size(weight_kind);
-    }
+    char *weight_copy = pack_shared_weight(type, p.n, &p.weight, &p.weight_stride, &job.kernels);
+    job.packed_per_thread = backward_packed_bytes(job.x_kind, &p, job.chunks.rows_per_chunk);
+    job.packed = packed_scratch_alloc(job.packed_per_thread, chunked ? threads : 1, type,
+                                      &job.kernels);
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);
     if (!has_weight_offset(p.weight_offset, 0, 1)) {
@@ -372,11 +512,16 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
         rms_pool_run(backward_task, &job, threads);
     }
     else if (job.chunks.count == 1) {
-        job.kernels->backward_rows(&p, 0, rows, job.weight, job.total);
+        const rms_backward_problem q = backward_chunk_problem(&p, job.x_kind, 0, rows, job.packed);
+        job.kernels->backward_rows(&q, 0, rows, job.weight, job.total);
+        if (job.packed != NULL) {
+            rms_rows_unpack(p.grad_input, 0, q.grad_input, rows, p.n, rms_kind_size(job.x_kind));
+        }
     }
     job.kernels->store_weight(p.n, job.total, grad_weight, grad_weight_stride);
     rms_fp_env_leave(saved);
-    free(packed);
+    free(job.packed);
+    free(weight_copy);
     free(scratch);
     return 0;
 }

@@ -33,6 +33,12 @@
 #include "kernels.h"
 
 #define RMS_VD_PER_VF (RMS_VF_WIDTH / RMS_VD_WIDTH)
+/* Whether this table's kernels also take strided rows (kernels.h): only
+   isa_strided.c's, for rows too long to pack; in every table the strided
+   loops doubled the machine code, for rows the driver now packs. */
+#ifndef RMS_STRIDED_ROWS
+#define RMS_STRIDED_ROWS 0
+#endif
 /* Loops over a block's vectors or a row's accumulators have constant trip
    counts; unrolled whole, their accumulators can stay in registers. */
 #if defined(__clang__)
@@ -1753,9 +1759,12 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
 
     const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
+    /* rows are contiguous (kernels.h), but where this table serves
+       strided ones too */
     const int contiguous =
-        p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
-        (!with_residual || (p->residual.stride == es && p->residual_out.stride == es));
+        !RMS_STRIDED_ROWS ||
+        (p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
+         (!with_residual || (p->residual.stride == es && p->residual_out.stride == es)));
     rms_dd sum_squares = {0.0, 0.0};
     if (contiguous) {
         rms_lanes lanes;
@@ -1779,7 +1788,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
                                            scratch.floats);
             w.floats = usable ? scratch.floats : NULL;
         }
-        if (!contiguous) {
+        if (RMS_STRIDED_ROWS && !contiguous) {
             const rms_row_source src = rms_source_of(p, with_residual, 0, r, 0);
             rms_row_source none = src;
             none.x = NULL;
@@ -2537,7 +2546,7 @@ RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_bac
                                          const double *weight, double *grad_weight_partial)
 {
     const int add_residual = p->grad_residual_out.data != NULL;
-    if (rms_backward_is_contiguous(xk, wk, add_residual, p)) {
+    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
         rms_backward_rows_of(xk, wk, add_residual, 1, p, row_begin, row_end, weight,
                              grad_weight_partial);
     }
@@ -2554,7 +2563,7 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows(rms_kind xk, rms_kind wk,
                                               ptrdiff_t row_end, const double *weight,
                                               rms_backward_plan *plans)
 {
-    if (rms_backward_is_contiguous(xk, wk, p->grad_residual_out.data != NULL, p)) {
+    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, p->grad_residual_out.data != NULL, p)) {
         rms_plan_backward_rows_of(xk, wk, 1, p, row_begin, row_end, weight, plans);
     }
     else {
@@ -2585,7 +2594,7 @@ RMS_ALWAYS_INLINE void rms_write_backward_tile(rms_kind xk, rms_kind wk,
                                                const double *weight, double *grad_weight_tile)
 {
     const int add_residual = p->grad_residual_out.data != NULL;
-    if (rms_backward_is_contiguous(xk, wk, add_residual, p)) {
+    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
         rms_write_backward_tile_of(xk, wk, add_residual, 1, p, row_begin, row_end, plans,
                                    column_begin, column_end, weight, grad_weight_tile);
     }

@@ -1,0 +1,13 @@
+/* The portable kernels once more, taking strided rows too: for the rows
+   the driver cannot pack, being too long (rms_strided_kernels_for). Such
+   rows are rare, so this table is compiled for size, its functions left to
+   the compiler to inline or not: a fifth of the portable table's machine
+   code, at half its speed. */
+#define RMS_NO_FORCED_INLINE 1
+#include "simd/vec_baseline.h"
+
+#define RMS_LANES 16
+#define RMS_STRIDED_ROWS 1
+#include "row_kernels.h"
+
+const rms_kernels rms_kernels_strided[RMS_NUM_TYPES] = {RMS_FOR_EACH_TYPE(RMS_TABLE_ENTRY)};

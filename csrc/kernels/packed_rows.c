@@ -1,0 +1,97 @@
+/* Packed copies of strided rows, for the contiguous row kernels. */
+#include "packed_rows.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define RMS_CACHE_LINE 64
+
+size_t rms_packed_bytes(ptrdiff_t rows, ptrdiff_t n, ptrdiff_t size)
+{
+    if (rows <= 0 || n <= 0) {
+        return 0;
+    }
+    if ((size_t)n > (SIZE_MAX / 2) / (size_t)size / (size_t)rows) {
+        return SIZE_MAX;
+    }
+    const size_t bytes = (size_t)rows * (size_t)n * (size_t)size;
+    return (bytes + RMS_CACHE_LINE - 1) / RMS_CACHE_LINE * RMS_CACHE_LINE;
+}
+
+/* count elements of `size` bytes, src_step and dst_step bytes apart. */
+static inline void copy_elements(char *dst, ptrdiff_t dst_step, const char *src,
+                                 ptrdiff_t src_step, ptrdiff_t count, size_t size)
+{
+    for (ptrdiff_t k = 0; k < count; k++) {
+        memcpy(dst + k * dst_step, src + k * src_step, size);
+    }
+}
+
+/* Whether a strided matrix is best read or written a column at a time:
+   where its rows lie closer together than its elements (a transposed
+   view), so that the inner loop uses every byte of a cache line. */
+static int by_columns(rms_matrix strided, ptrdiff_t rows)
+{
+    const ptrdiff_t row_step = strided.row_stride < 0 ? -strided.row_stride : strided.row_stride;
+    const ptrdiff_t step = strided.stride < 0 ? -strided.stride : strided.stride;
+    return rows > 1 && row_step < step;
+}
+
+static inline void copy_matrix_of(rms_matrix dst, rms_matrix src, ptrdiff_t rows, ptrdiff_t n,
+                                  size_t size, int columns)
+{
+    if (columns) {
+        for (ptrdiff_t i = 0; i < n; i++) {
+            copy_elements(dst.data + i * dst.stride, dst.row_stride, src.data + i * src.stride,
+                          src.row_stride, rows, size);
+        }
+        return;
+    }
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        copy_elements(dst.data + r * dst.row_stride, dst.stride, src.data + r * src.row_stride,
+                      src.stride, n, size);
+    }
+}
+
+/* With the element size a constant in each call, each element's copy is a
+   load and a store. */
+static void copy_matrix(rms_matrix dst, rms_matrix src, ptrdiff_t rows, ptrdiff_t n,
+                        ptrdiff_t size, int columns)
+{
+    switch (size) {
+    case 8:
+        copy_matrix_of(dst, src, rows, n, 8, columns);
+        break;
+    case 4:
+        copy_matrix_of(dst, src, rows, n, 4, columns);
+        break;
+    default:
+        copy_matrix_of(dst, src, rows, n, 2, columns);
+    }
+}
+
+rms_matrix rms_rows_packed(rms_matrix m, ptrdiff_t begin, ptrdiff_t rows, ptrdiff_t n,
+                           ptrdiff_t size, char **scratch, int copy_in)
+{
+    const rms_matrix at = {m.data + begin * m.row_stride, m.row_stride, m.stride};
+    if (m.stride == size) {
+        return at;
+    }
+    const ptrdiff_t packed_rows = m.row_stride == 0 ? 1 : rows;
+    const rms_matrix packed = {*scratch, m.row_stride == 0 ? 0 : n * size, size};
+    *scratch += rms_packed_bytes(packed_rows, n, size);
+    if (copy_in) {
+        copy_matrix(packed, at, packed_rows, n, size, by_columns(at, packed_rows));
+    }
+    return packed;
+}
+
+void rms_rows_unpack(rms_matrix m, ptrdiff_t begin, rms_matrix packed, ptrdiff_t rows,
+                     ptrdiff_t n, ptrdiff_t size)
+{
+    if (m.stride == size) {
+        return;
+    }
+    const rms_matrix at = {m.data + begin * m.row_stride, m.row_stride, m.stride};
+    copy_matrix(at, packed, rows, n, size, by_columns(at, rows));
+}
