@@ -69,7 +69,7 @@ def test_gradients_are_never_less_accurate_than_torchs(case):
 )
 def test_extreme_rows_are_exact_where_torch_is_not(dtype, magnitude, eps):
     # A deliberate difference from torch: its x**2 leaves the format's range,
-    # so it returns zeros or NaN; we return the exact result (README: Accuracy).
+    # so it returns zeros or NaN; we return the exact result (docs/accuracy.md).
     x = (np.linspace(0.5, 2.0, 64) * magnitude).astype(dtype)
     ours = rmsnorm.rms_norm(x, 64, eps=eps)
     theirs = torch.nn.functional.rms_norm(torch.from_numpy(x), [64], eps=eps).numpy()
@@ -97,7 +97,7 @@ def test_special_values_match_torch_element_by_element(dtype, row, eps):
     ours = rmsnorm.rms_norm(x, 4, w, eps)
     theirs = _numpy(torch.nn.functional.rms_norm(_tensor(x), [4], _tensor(w), eps))
     # NaN where torch has NaN, inf where it has inf, equal numbers elsewhere
-    # (a zero's sign may differ: see README, Accuracy)
+    # (a zero's sign may differ: see docs/accuracy.md)
     assert_forward_close(ours, theirs, what=f"{row} row, eps={eps}")
 
 

@@ -1,6 +1,8 @@
-"""The package metadata is complete and says what the code needs.
+"""The package metadata is complete and says what the code needs, and the
+README and docs/ link into the repository by relative paths only.
 
-These read pyproject.toml and MANIFEST.in and take milliseconds. Building
+These read pyproject.toml, MANIFEST.in and the Markdown pages and take
+milliseconds. Building
 the sdist and the wheel, and installing the wheel into a fresh environment
 outside the repository, is .ci/packaging.sh (about a minute, and it needs a
 package index); set RMSNORM_TEST_PACKAGING=1 to run it from here too.
@@ -8,6 +10,7 @@ package index); set RMSNORM_TEST_PACKAGING=1 to run it from here too.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
@@ -63,25 +66,58 @@ def test_classifiers_agree_with_requires_python(project):
         f"requires-python's 3.{minimum}")
 
 
-def test_project_urls(project):
-    urls = project["urls"]
-    assert {"Repository", "Documentation"} <= set(urls)
-    for name, url in urls.items():
-        assert url.startswith("https://"), f"{name}: {url}"
-    assert urls["Documentation"].startswith(urls["Repository"] + "/")
+# No repository address exists yet, so nothing may link into the repository
+# by an absolute address: README.md and docs/ link within the checkout by
+# relative paths (which a package index's page cannot follow, and that is
+# accepted), and pyproject.toml names no project URLs.
+INTO_THE_REPOSITORY = re.compile(
+    r"https?://(?:www\.)?(?:github\.com|raw\.githubusercontent\.com)/[^/\s)]+/rmsnorm\b",
+    re.IGNORECASE)
+PLACEHOLDER = re.compile(r"\bOWNER\b")
+LINK_TARGET = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def test_readme_links_work_on_a_package_index(project):
-    # The README is the package's long description: a package index shows it
-    # away from the repository, where a relative link or image leads nowhere.
-    with open(os.path.join(ROOT, project["readme"]), encoding="utf-8") as file:
-        targets = re.findall(r"\]\(([^)\s]+)\)", file.read())
-    assert targets, "the README links to nothing"
-    relative = [target for target in targets if not target.startswith("https://")]
-    assert not relative, f"relative links in the README: {relative}"
-    repository = project["urls"]["Repository"]
-    elsewhere = [t for t in targets if "github.com" in t and not t.startswith(repository)]
-    assert not elsewhere, f"links to GitHub outside {repository}: {elsewhere}"
+def documents():
+    """README.md and docs/*.md, relative to the repository root."""
+    pages = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+    return ["README.md"] + [os.path.relpath(page, ROOT) for page in pages]
+
+
+def heading_anchors(path):
+    """The anchors GitHub gives the headings of the Markdown file at ``path``."""
+    with open(path, encoding="utf-8") as file:
+        text = re.sub(r"^(`{3,}).*?^\1", "", file.read(), flags=re.DOTALL | re.MULTILINE)
+    titles = re.findall(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", text, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
+
+
+@pytest.mark.parametrize("document", documents() + ["pyproject.toml"])
+def test_nothing_links_into_the_repository_by_an_absolute_address(document):
+    with open(os.path.join(ROOT, document), encoding="utf-8") as file:
+        text = file.read()
+    found = PLACEHOLDER.findall(text) + INTO_THE_REPOSITORY.findall(text)
+    assert not found, f"{document}: an OWNER placeholder or an absolute link into the repository: {found}"
+
+
+@pytest.mark.parametrize("document", documents())
+def test_relative_links_lead_to_files_and_headings_that_exist(document):
+    # Sections move between the README and docs/; a link left behind would
+    # lead nowhere on GitHub, where relative links resolve.
+    with open(os.path.join(ROOT, document), encoding="utf-8") as file:
+        targets = LINK_TARGET.findall(file.read())
+    broken = []
+    for target in targets:
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, fragment = target.partition("#")
+        path = path or os.path.basename(document)   # "#heading": a heading of this page
+        resolved = os.path.normpath(os.path.join(ROOT, os.path.dirname(document), path))
+        if not os.path.exists(resolved):
+            broken.append(target)
+        elif fragment and not (resolved.endswith(".md")
+                               and fragment in heading_anchors(resolved)):
+            broken.append(target)
+    assert not broken, f"{document} links to files or headings that do not exist: {broken}"
 
 
 def test_numpy_is_the_only_runtime_requirement(project):

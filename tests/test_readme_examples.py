@@ -13,10 +13,11 @@ checks what it prints. Any other block is a script and runs as
 under ``if __name__ == "__main__":``, since the workers import the script.
 
 A block that needs an optional package names the extra that brings it in the
-paragraph just above it (``pip install "rmsnorm[dask]"``); the extras are
-read from pyproject.toml. Such a block is skipped, naming the extra, when a
-package of that extra is not installed. Nothing else is skipped, and a block
-that imports a package of an extra without naming the extra fails.
+paragraph just above it (``pip install -e ".[dask]"`` from a clone, or
+``rmsnorm[dask]``); the extras are read from pyproject.toml. Such a block is
+skipped, naming the extra, when a package of that extra is not installed.
+Nothing else is skipped, and a block that imports a package of an extra
+without naming the extra fails.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ FENCE_OPEN = re.compile(r"^(`{3,})(\w*)")
 HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$")
 # HTML comments hold text that is not (yet) part of the document.
 COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
-EXTRA_NAMED = re.compile(r"rmsnorm\[([\w,-]+)\]")
+EXTRA_NAMED = re.compile(r"(?:rmsnorm|\.)\[([\w,-]+)\]")   # rmsnorm[dask] or ".[dask]"
 
 
 def documents():
@@ -188,7 +189,7 @@ def test_example_runs_alone_in_a_fresh_interpreter(example, tmp_path):
     for extra in example.extras:
         missing = [name for name in EXTRAS.get(extra, []) if importlib.util.find_spec(name) is None]
         if missing:
-            pytest.skip(f'{example.id} needs the {extra} extra, pip install "rmsnorm[{extra}]" '
+            pytest.skip(f'{example.id} needs the {extra} extra, pip install -e ".[{extra}]" '
                         f"({', '.join(missing)} not installed)")
     status, output = run_in_fresh_interpreter(example, str(tmp_path))
     assert status == 0, f"{example.id} exited with status {status}; its output:\n{output[-6000:]}"
@@ -203,7 +204,7 @@ def test_example_names_the_extras_its_imports_need(example):
     unnamed = sorted((example.imported_packages() & optional) - brought - {"numpy"})
     assert not unnamed, (
         f"{example.id} imports {', '.join(unnamed)}: the paragraph above it should name the "
-        f'extra that installs them, as in pip install "rmsnorm[EXTRA]"')
+        f'extra that installs them, as in pip install -e ".[EXTRA]"')
 
 
 def test_readme_has_the_examples_the_project_promises():
@@ -232,7 +233,8 @@ def test_examples_that_start_processes_work_under_a_main_guard():
 def test_reading_finds_blocks_sections_and_extras(tmp_path, monkeypatch):
     (tmp_path / "doc.md").write_text(
         "intro\n```python\na = 1\n```\n"
-        "## One\nNeeds `rmsnorm[dask]`.\n\nJust above:\n```python\n# not a heading\nb = 2\n```\n"
+        "## One\nNeeds `rmsnorm[dask]`.\n\nJust above, `pip install -e \".[bfloat16]\"`:\n"
+        "```python\n# not a heading\nb = 2\n```\n"
         "```sh\nls\n```\n"
         "<!--\n```python\nraise SystemExit\n```\n-->\n"
         "### Two, again\nWith `pip install \"rmsnorm[dask,xarray]\"`:\n"
@@ -241,7 +243,7 @@ def test_reading_finds_blocks_sections_and_extras(tmp_path, monkeypatch):
     examples = read_examples("doc.md")
     assert [(e.section, e.number, e.code, e.extras) for e in examples] == [
         ("(top)", 1, "a = 1\n", ()),
-        ("One", 1, "# not a heading\nb = 2\n", ()),
+        ("One", 1, "# not a heading\nb = 2\n", ("bfloat16",)),
         ("Two, again", 1, ">>> c = 3\n\n", ("dask", "xarray")),
         ("Two, again", 2, "d = 4\n", ()),
     ]

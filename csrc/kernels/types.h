@@ -11,12 +11,12 @@
  *
  * Adding a pair of existing kinds: a row here; then name it where prose
  * and tests list the pairs (LOOPS_DOC, the gufuncs' loop table in
- * numpy/gufuncs.c, which a test checks against this list; the README's
- * dtype notes; the dtype grids of tests/test_parity_torch.py and
- * benchmarks/accuracy.py). Adding a storage kind: also a case in
- * rms_vf_load and rms_vf_store of every simd/vec_*.h, in rms_kind_size (below)
- * and rms_load_scalar (row_kernels.h), and in the glue's type_num_of and
- * kind_name.
+ * numpy/gufuncs.c, which a test checks against this list; the dtype
+ * notes of docs/api.md and docs/torch.md; the dtype grids of
+ * tests/test_parity_torch.py and benchmarks/accuracy.py). Adding a storage
+ * kind: also a case in rms_vf_load and rms_vf_store of every simd/vec_*.h,
+ * in rms_kind_size (below) and rms_load_scalar (row_kernels.h), and in the
+ * glue's type_num_of and kind_name.
  */
 #ifndef RMSNORM_KERNELS_TYPES_H
 #define RMSNORM_KERNELS_TYPES_H
