@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 import rmsnorm
+from closeness import assert_same_bytes
 from rmsnorm._dtypes import BF16, ml_dtypes
 
 LD = np.longdouble
@@ -326,8 +327,7 @@ def test_forward_is_the_exact_result_rounded_once(dtype, weight, offset, fused, 
         bits = BITS[x.dtype.itemsize]
         if fused:
             y, residual_out = y
-            assert np.array_equal(residual_out.view(bits), x.view(bits)), (
-                "residual_out is not x_in + residual rounded once")
+            assert_same_bytes(residual_out, x, what="residual_out, x_in + residual rounded once")
             inexact_sums += split[2]
         assert y.dtype == _dtype(dtype)
         wrong = y.view(bits) != expected.view(bits)
@@ -433,7 +433,7 @@ def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa):
     column = int(data["column"])
     assert y[0, column].view(np.uint32) == expected[0, column].view(np.uint32), (
         f"column {column}: got {float(y[0, column])!r}, expected {float(expected[0, column])!r}")
-    assert np.array_equal(y.view(np.uint32), expected.view(np.uint32))
+    assert_same_bytes(y, expected, what="y")
 
 
 # Long rows whose every vector block holds near-tie outputs, so that the
@@ -543,7 +543,8 @@ def test_a_square_below_the_sums_rounding_still_decides_a_tie(dtype, n, eps, rou
     else:
         residual = np.zeros_like(x)
         y, h = rmsnorm.add_forward(x, residual, w, eps, out=(np.empty_like(x), residual))
-        assert h is residual and np.array_equal(h[:, :5].view(bits), x[:, :5].view(bits))
+        assert h is residual
+        assert_same_bytes(h[:, :5], x[:, :5], what="residual_out")
 
     tie = 1.5 * scale * tie_weights.astype(np.float64)
     nearest = tie.astype(dtype)  # to even: one of the tie's two neighbours

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import rmsnorm
-from closeness import ulp_distance
+from closeness import assert_same_bytes, ulp_distance
 from rmsnorm._dtypes import BF16
 
 SUPPORTED_ISAS = rmsnorm._core._isa()[1]
@@ -68,10 +68,10 @@ def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype, t
     y = rmsnorm.forward(x, w, eps)
     grad_input, grad_weight = rmsnorm.backward(x, x, w, eps)
     pieces = range(0, x.shape[0], 100)
-    np.testing.assert_array_equal(y, np.concatenate([rmsnorm.forward(x[i:i + 100], w, eps)
-                                                     for i in pieces]))
-    np.testing.assert_array_equal(grad_input, np.concatenate(
-        [rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[0] for i in pieces]))
+    small_y = [rmsnorm.forward(x[i:i + 100], w, eps) for i in pieces]
+    small_grad_input = [rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[0] for i in pieces]
+    assert_same_bytes(y, np.concatenate(small_y), what="y")
+    assert_same_bytes(grad_input, np.concatenate(small_grad_input), what="grad_input")
     np.testing.assert_allclose(grad_weight, sum(rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[1]
                                                 for i in pieces), rtol=1e-5)
 
@@ -94,8 +94,8 @@ def test_a_row_gives_the_same_bytes_alone_as_among_others(x_dtype, w_dtype, n):
     strided_x[...] = x
     strided_y = np.zeros((6, 2 * n), x_dtype)[:, ::2]
     rmsnorm.forward(strided_x, w, eps, out=strided_y)
-    np.testing.assert_array_equal(together, alone)
-    np.testing.assert_array_equal(together, strided_y)
+    assert_same_bytes(alone, together, what="rows one at a time")
+    assert_same_bytes(strided_y, together, what="strided rows")
 
 
 def _at_byte_offset(shape: tuple[int, ...], dtype: type, offset: int) -> np.ndarray:
@@ -145,11 +145,11 @@ def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset, shape):
     rmsnorm.backward(moved["dy"], moved["x"], w, eps, out=(grad_input, grad_weight))
     rmsnorm.add_backward(moved["dy"], moved["dh"], moved["x"], w, eps,
                          out=(fused_grad_input, fused_grad_weight))
-    np.testing.assert_array_equal(y, expected)
-    np.testing.assert_array_equal(grad_input, expected_grads[0])
-    np.testing.assert_array_equal(grad_weight, expected_grads[1])
-    np.testing.assert_array_equal(fused_grad_input, expected_fused[0])
-    np.testing.assert_array_equal(fused_grad_weight, expected_fused[1])
+    assert_same_bytes(y, expected, what="y")
+    assert_same_bytes(grad_input, expected_grads[0], what="grad_input")
+    assert_same_bytes(grad_weight, expected_grads[1], what="grad_weight")
+    assert_same_bytes(fused_grad_input, expected_fused[0], what="fused grad_input")
+    assert_same_bytes(fused_grad_weight, expected_fused[1], what="fused grad_weight")
     for output in (y, grad_input, fused_grad_input):
         assert (_bytes_around(output) == 0xA5).all()
 
@@ -173,7 +173,7 @@ def test_rms_norms_direct_call_gives_the_gufuncs_bytes(x_dtype, w_dtype, shape):
     expected = rmsnorm.forward(x, w, eps)
     assert direct is not None
     assert direct.dtype == expected.dtype and direct.flags.c_contiguous
-    np.testing.assert_array_equal(direct, expected)
+    assert_same_bytes(direct, expected, what="direct call")
 
 
 class _Subclass(np.ndarray):

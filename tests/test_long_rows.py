@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import rmsnorm
+from closeness import assert_same_bytes
 from rmsnorm._dtypes import BF16
 
 TILE = 4096
@@ -84,7 +85,7 @@ def test_grad_input_of_a_long_row_is_the_bytes_it_gives_alone(isa, shape, dtype,
     with np.errstate(all="ignore"):
         grad_input = backward(variant, grad_output, x, weight, eps, grad_residual)[0]
         alone = row_by_row(variant, grad_output, x, weight, eps, grad_residual)
-    assert grad_input.tobytes() == alone.tobytes()
+    assert_same_bytes(grad_input, alone, what="grad_input")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -113,10 +114,12 @@ def test_grad_weight_of_long_rows_is_the_same_bytes_at_any_thread_count(
     for threads in (1, 2, 3, 8):
         rmsnorm.set_num_threads(threads)
         grad_input, grad_weight = backward(variant, grad_output, x, weight, eps, grad_residual)
-        results[threads] = grad_input.tobytes(), grad_weight.tobytes()
+        results[threads] = grad_input, grad_weight
     for threads in (2, 3, 8):
-        assert results[threads][0] == results[1][0], f"grad_input, {threads} threads vs 1"
-        assert results[threads][1] == results[1][1], f"grad_weight, {threads} threads vs 1"
+        assert_same_bytes(results[threads][0], results[1][0],
+                          what=f"grad_input, {threads} threads vs 1")
+        assert_same_bytes(results[threads][1], results[1][1],
+                          what=f"grad_weight, {threads} threads vs 1")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
