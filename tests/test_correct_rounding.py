@@ -39,15 +39,14 @@ import pytest
 import rmsnorm
 from closeness import assert_same_bytes
 from rmsnorm._dtypes import BF16, ml_dtypes
+from supported_dtypes import DTYPE_PAIR_NAMES
 
 LD = np.longdouble
-# (x dtype, weight dtype): each dtype with its own weight, the 16-bit ones
-# with a float32 weight, whose product with x is no longer exact in float,
-# and float32 with a float64 weight, whose offset + w float64 cannot hold.
-PAIRS = [("float16", "float16"), ("float16", "float32"), ("float32", "float32"),
-         ("float32", "float64"), ("float64", "float64")]
-if BF16 is not None:
-    PAIRS[2:2] = [("bfloat16", "bfloat16"), ("bfloat16", "float32")]
+# (x dtype, weight dtype): every loop's. Each dtype with its own weight, the
+# 16-bit ones with a float32 weight, whose product with x is no longer exact
+# in float, and float32 with a float64 weight, whose offset + w float64
+# cannot hold.
+PAIRS = DTYPE_PAIR_NAMES
 # Weight offsets: none (forward itself), Gemma's 1, a negative one, and one
 # far below the weights, which then carry most of the factor.
 OFFSETS = [None, 1.0, -0.5, 2.0**-20]

@@ -19,11 +19,10 @@ import pytest
 import rmsnorm
 from closeness import assert_same_bytes
 from lazy_sources import lazy
+from supported_dtypes import NUMPY_DTYPES
 
 da = pytest.importorskip("dask.array", reason="dask[array] is optional (pip install rmsnorm[dask])")
 dask = pytest.importorskip("dask")
-
-DTYPES = [np.float16, np.float32, np.float64]
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +44,7 @@ def make(shape, dtype, seed=0):
 # The gufunc.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("shape, chunks", [
     ((64, 33), (7, 33)),            # rows in uneven blocks
     ((6, 10, 128), (4, 3, 128)),    # two batch dimensions, both chunked
@@ -102,7 +101,7 @@ def test_dask_drops_dtype_given_to_a_gufunc():
     assert y.compute().dtype == np.float64
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 def test_dtype_probe_builds_the_graph_quietly(dtype):
     # Without output_dtypes, dask learns the result dtype by calling the
     # gufunc on a one-element, zero-filled block. With eps=0 that row is 0/0:
@@ -155,7 +154,7 @@ def test_backward_gufunc_on_dask_blocks_of_rows():
 # The functional and module layers.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("normalized_shape, chunks", [
     (24, (3, 2, 24)),
     ((5, 24), (3, 5, 24)),          # two normalised dims: folded by reshape

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 
 import rmsnorm
 from rmsnorm._dtypes import BF16
-
-DTYPES = ["float32", "float64", "float16"] + (["bfloat16"] if BF16 is not None else [])
+from supported_dtypes import DTYPE_NAMES
 
 # Rows of x: ordinary, with a zero and a negative, and all zeros.
 X = np.array([[3.0, 4.0, -1.0, 2.0], [0.0, -2.0, 1.0, 0.5], [0.0, 0.0, 0.0, 0.0]])
@@ -71,7 +70,7 @@ def _assert_same(ours, theirs, dtype, what):
                                msg=lambda message: f"{what}: {message}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("case", EPS_CASES)
 def test_eps_at_the_ends_of_the_range_gives_torchs_result(case, dtype, isa):
     eps = EPS_CASES[case]
@@ -81,7 +80,7 @@ def test_eps_at_the_ends_of_the_range_gives_torchs_result(case, dtype, isa):
     _assert_same(y, expected, dtype, f"y on {isa}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_a_cancelling_eps_gives_signed_infinities_with_a_weight_offset_too(dtype, isa):
     """mean(x^2) + eps = 0 makes 1/rms infinite: y is inf of the sign of
     x * (1 + w), NaN where x or 1 + w is 0."""
@@ -92,7 +91,7 @@ def test_a_cancelling_eps_gives_signed_infinities_with_a_weight_offset_too(dtype
                           equal_nan=True), f"on {isa}: {y}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("case", EPS_CASES)
 def test_eps_at_the_ends_of_the_range_gives_torchs_gradients(case, dtype, isa):
     eps = EPS_CASES[case]
@@ -104,7 +103,7 @@ def test_eps_at_the_ends_of_the_range_gives_torchs_gradients(case, dtype, isa):
     _assert_same(grad_weight, expected_weight, dtype, f"grad_weight on {isa}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("case", GRAD_CASES)
 def test_one_infinity_poisons_only_the_elements_it_reaches(case, dtype, isa):
     operand, index, value = GRAD_CASES[case]

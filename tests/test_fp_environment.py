@@ -22,8 +22,8 @@ import torch
 import rmsnorm
 from closeness import assert_same_bytes
 from rmsnorm._dtypes import BF16
+from supported_dtypes import DTYPE_NAMES
 
-DTYPES = ["float16", "float32", "float64"] + (["bfloat16"] if BF16 is not None else [])
 ROWS, N = 512, 1024  # enough rows for the pool to share them between threads
 SMALLEST_SUBNORMAL = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149,
                       "float64": 2.0**-1074}
@@ -85,7 +85,7 @@ def test_torch_really_flushes_subnormals_here():
 
 @pytest.mark.parametrize("environment", ENVIRONMENTS)
 @pytest.mark.parametrize("operation", ["forward", "backward"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_results_are_the_default_environments_bytes_at_any_thread_count(
         environment, operation, dtype, isa, restore_num_threads):
     x = _subnormal_rows(dtype)

@@ -37,6 +37,7 @@ import pytest
 import rmsnorm
 from closeness import assert_forward_close, assert_grad_close, assert_same_bytes
 from lazy_sources import lazy
+from supported_dtypes import DTYPE_NAMES, LOOP_PAIR_NAMES, NUMPY_DTYPES
 from rmsnorm._dtypes import BF16
 
 try:
@@ -59,13 +60,9 @@ needs_bfloat16 = pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtyp
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 
 
-# (input dtype, weight dtype): each dtype with its own weight, and the mixed
-# pairs torch uses in mixed precision.
-PAIR_NAMES = [("float16", "float16"), ("float16", "float32"), ("float32", "float32"),
-              ("float32", "float64"), ("float64", "float64"), ("bfloat16", "bfloat16"),
-              ("bfloat16", "float32")]
+# (input dtype, weight dtype) of every loop; the bfloat16 ones skip without ml_dtypes.
 PAIRS = [pytest.param(pair, id="-".join(pair), marks=[needs_bfloat16] if "bfloat16" in pair else [])
-         for pair in PAIR_NAMES]
+         for pair in LOOP_PAIR_NAMES]
 ROW_LENGTHS = [1, 7, 127, 1000, 4096]
 EPS = 1e-5
 
@@ -321,7 +318,7 @@ def test_add_forward_gives_the_bytes_of_np_add_then_forward(isa, pair, n, layout
     assert_same_bytes(y, y_expected, what="output")
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("n", [4096, 4099], ids=["4096", "4099-unaligned-rows"])
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"threads={t}")
 @pytest.mark.parametrize("sums_to", ["new-array", "over-the-residual", "over-x"])
@@ -785,10 +782,8 @@ def test_offset_takes_any_real_number(offset):
                       what=f"weight_offset={offset!r}")
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_module_with_offset_one_starts_as_plain_normalisation(dtype):
-    if dtype == "bfloat16" and BF16 is None:
-        pytest.skip("bfloat16 needs ml_dtypes")
     layer = rmsnorm.RMSNorm(33, eps=EPS, weight_offset=1.0, dtype=dtype)
     assert layer.weight.dtype == _dtype(dtype)
     assert not layer.weight.any() and not np.signbit(layer.weight.astype(np.float64)).any()

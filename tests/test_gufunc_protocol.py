@@ -14,10 +14,9 @@ import pytest
 
 import rmsnorm
 from rmsnorm import reference
-from rmsnorm._dtypes import BF16
 from closeness import assert_close_ulp, assert_same_bytes, reference_grad_scales
+from supported_dtypes import DTYPES, WIDE_DTYPES
 
-DTYPES = [np.float32, np.float64]
 # Row lengths around typical SIMD widths and tails, and a long row.
 ROW_LENGTHS = [1, 3, 8, 17, 64, 1000]
 
@@ -80,7 +79,7 @@ def test_gufunc_has_float32_and_float64_loops(ufunc, loops):
         assert loop in types, f"{loop} missing from {types}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 def test_forward_gufunc_matches_reference(n, dtype):
     x = make_rows((5, n), dtype)
@@ -92,7 +91,7 @@ def test_forward_gufunc_matches_reference(n, dtype):
                      check_dtype=False, what="forward")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 def test_backward_gufunc_matches_reference(n, dtype):
     x = make_rows((6, n), dtype)
@@ -104,7 +103,7 @@ def test_backward_gufunc_matches_reference(n, dtype):
     assert_grads_match_reference(grad_input, grad_weight, grad_output, x, weight, 1e-5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_python_float_eps_keeps_the_input_loop(dtype):
     # NEP 50: a Python float is a weak scalar and must not promote float32.
     x = make_rows((2, 4), dtype)
@@ -117,7 +116,7 @@ def test_python_float_eps_keeps_the_input_loop(dtype):
 # Broadcasting over loop dimensions.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_broadcasts_eps_over_loop_dims(dtype):
     n = 9
     x = make_rows((2, 3, n), dtype)
@@ -136,7 +135,7 @@ def test_forward_broadcasts_eps_over_loop_dims(dtype):
                          what=f"batch {i} with eps {eps[i, 0]}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_broadcasts_weight_over_loop_dims(dtype):
     n = 5
     x = make_rows((2, 3, n), dtype)
@@ -149,7 +148,7 @@ def test_forward_broadcasts_weight_over_loop_dims(dtype):
                               what=f"row ({i}, {j})")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_broadcasts_one_row_against_many_weights(dtype):
     n = 6
     x = make_rows((n,), dtype)
@@ -173,8 +172,7 @@ OWN = {
 
 
 @pytest.mark.parametrize("own", OWN)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16]
-                         + ([BF16] if BF16 is not None else []))
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rows_with_weights_or_offsets_of_their_own_give_each_rows_bytes_alone(dtype, own):
     rows, n = 20, 4097  # two chunks of rows
     rng = np.random.default_rng(11)
@@ -193,7 +191,7 @@ def test_rows_with_weights_or_offsets_of_their_own_give_each_rows_bytes_alone(dt
         assert_same_bytes(y[r], alone[r], what=f"row {r}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_broadcasts_over_a_leading_batch_dim_with_per_batch_grad_weight(dtype):
     b, m, n = 3, 4, 11
     x = make_rows((b, m, n), dtype)
@@ -212,7 +210,7 @@ def test_backward_broadcasts_over_a_leading_batch_dim_with_per_batch_grad_weight
                                  float(eps[1]), what=" of batch 1")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_grad_weight_is_the_sum_over_rows(dtype):
     m, n = 7, 13
     x = make_rows((m, n), dtype)
@@ -229,7 +227,7 @@ def test_backward_grad_weight_is_the_sum_over_rows(dtype):
                      check_dtype=False, what="grad_weight vs sum of one-row grad_weights")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_with_no_rows_gives_zero_grad_weight(dtype):
     empty = np.zeros((0, 5), dtype)
     grad_input, grad_weight = rmsnorm.backward(empty, empty, np.ones(5, dtype), 1e-5)
@@ -237,7 +235,7 @@ def test_backward_with_no_rows_gives_zero_grad_weight(dtype):
     assert_same_bytes(grad_weight, np.zeros(5, dtype), what="grad_weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_with_no_rows_gives_empty_result(dtype):
     y = rmsnorm.forward(np.zeros((0, 5), dtype), np.ones(5, dtype), 1e-5)
     assert y.shape == (0, 5) and y.dtype == dtype
@@ -248,7 +246,7 @@ def test_forward_with_no_rows_gives_empty_result(dtype):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("out_layout", ["contiguous", "strided", "tuple"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_out_gives_the_same_result_in_place(dtype, out_layout):
     x = make_rows((4, 10), dtype)
     weight = make_rows((10,), dtype, seed=1)
@@ -262,7 +260,7 @@ def test_forward_out_gives_the_same_result_in_place(dtype, out_layout):
     assert_same_bytes(out, expected, what="out")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_out_gives_the_same_results_in_place(dtype):
     x = make_rows((4, 10), dtype)
     grad_output = make_rows((4, 10), dtype, seed=1)
@@ -285,7 +283,7 @@ def test_forward_out_may_alias_the_input():
     assert_same_bytes(x, expected, what="in-place forward")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_axes_normalises_along_axis_0(dtype):
     x = make_rows((12, 5), dtype)  # rows of length 12 along axis 0
     weight = make_rows((12,), dtype, seed=1)
@@ -295,7 +293,7 @@ def test_forward_axes_normalises_along_axis_0(dtype):
                       what="forward with axes")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_axes_normalises_along_axis_0(dtype):
     n, m = 12, 5
     x = make_rows((n, m), dtype)
@@ -355,7 +353,7 @@ def test_casting_no_rejects_mixed_dtypes():
         rmsnorm.backward(x, x, np.ones(5, np.float32), np.float64(1e-5), casting="no")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_casting_no_accepts_matching_dtypes(dtype):
     x = make_rows((2, 5), dtype)
     eps = np.array(1e-5, dtype)
@@ -396,7 +394,7 @@ STRIDED_WEIGHT = {
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", [3, 17, 1000])
 @pytest.mark.parametrize("x_layout", list(STRIDED))
 def test_forward_strided_input_is_bit_identical_to_contiguous(x_layout, n, dtype):
@@ -408,7 +406,7 @@ def test_forward_strided_input_is_bit_identical_to_contiguous(x_layout, n, dtype
                       what=f"forward on {x_layout} input")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", [3, 17, 1000])
 @pytest.mark.parametrize("weight_layout", [k for k in STRIDED_WEIGHT if k != "contiguous"])
 def test_forward_strided_weight_is_bit_identical_to_contiguous(weight_layout, n, dtype):
@@ -430,7 +428,7 @@ def test_forward_with_stride_0_weight_of_a_scalar_matches_reference():
                      atol=atol, what="forward with stride-0 weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", [3, 17, 1000])
 @pytest.mark.parametrize("layout", list(STRIDED))
 def test_backward_strided_operands_are_bit_identical_to_contiguous(layout, n, dtype):
@@ -444,7 +442,7 @@ def test_backward_strided_operands_are_bit_identical_to_contiguous(layout, n, dt
     assert_same_bytes(gw, gw_c, what=f"grad_weight on {layout} operands")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("weight_layout", [k for k in STRIDED_WEIGHT if k != "contiguous"])
 def test_backward_strided_weight_is_bit_identical_to_contiguous(weight_layout, dtype):
     n = 33
@@ -457,7 +455,7 @@ def test_backward_strided_weight_is_bit_identical_to_contiguous(weight_layout, d
     assert_same_bytes(gw, gw_c, what=f"grad_weight with {weight_layout} weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_strided_grad_weight_out_is_bit_identical(dtype):
     x = make_rows((5, 9), dtype)
     grad_output = make_rows((5, 9), dtype, seed=1)
@@ -483,7 +481,7 @@ def test_set_num_threads_is_read_back(threads, restore_num_threads):
 # Many chunks of rows, and the two chunks of the smallest problem that
 # threads share (csrc/kernels/rms_norm.c).
 @pytest.mark.parametrize("shape", [(1031, 257), (32, 4096)])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_results_do_not_depend_on_the_thread_count(dtype, shape, restore_num_threads):
     x = make_rows(shape, dtype)
     grad_output = make_rows(shape, dtype, seed=1)
@@ -518,7 +516,7 @@ def restore_isa():
 
 
 @pytest.mark.skipif(not _supported_isas(), reason="the build exposes no instruction-set switch")
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("isa", _supported_isas() or ["none"])
 def test_every_instruction_set_matches_reference_and_its_own_strided_path(isa, dtype, restore_isa):
     restore_isa._set_isa(isa)

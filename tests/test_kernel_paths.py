@@ -11,12 +11,12 @@ import pytest
 
 import rmsnorm
 from closeness import assert_same_bytes, ulp_distance
-from rmsnorm._dtypes import BF16
+from supported_dtypes import DTYPE_PAIRS, DTYPES, NUMPY_DTYPES, WIDE_DTYPES
 
 SUPPORTED_ISAS = rmsnorm._core._isa()[1]
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 64, 1000, 4099])
 def test_every_instruction_set_is_within_one_ulp_of_the_baseline(isa, dtype, n):
     rng = np.random.default_rng(n)
@@ -53,7 +53,7 @@ def test_rmsnorm_isa_cannot_ask_for_more_than_the_cpu_has():
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda n: f"threads={n}")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype, threads,
                                                                         restore_num_threads):
     # Past 16 MiB the kernels write with non-temporal stores, and ask for the
@@ -76,10 +76,8 @@ def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype, t
                                                 for i in pieces), rtol=1e-5)
 
 
-@pytest.mark.parametrize(("x_dtype", "w_dtype"), [(np.float16, np.float16), (np.float32, np.float32),
-                                                  (np.float64, np.float64), (np.float16, np.float32),
-                                                  (np.float32, np.float64)],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(("x_dtype", "w_dtype"),
+                         [(x, w) for x, w in DTYPE_PAIRS if x in NUMPY_DTYPES])  # all but bfloat16
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 4099])
 def test_a_row_gives_the_same_bytes_alone_as_among_others(x_dtype, w_dtype, n):
     # Contiguous rows reduce the next row while writing this one; one row
@@ -115,10 +113,7 @@ def _bytes_around(array: np.ndarray) -> np.ndarray:
     return np.concatenate([buffer[:start], buffer[start + array.nbytes:]])
 
 
-OFFSET_DTYPES = [np.float16, np.float32, np.float64] + ([BF16] if BF16 is not None else [])
-
-
-@pytest.mark.parametrize("dtype", OFFSET_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [0, 1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 60])
 @pytest.mark.parametrize("shape", [(3, 301), (5, 1552)], ids=str)
 def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset, shape):
@@ -154,13 +149,7 @@ def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset, shape):
         assert (_bytes_around(output) == 0xA5).all()
 
 
-DIRECT_DTYPES = [(np.float16, np.float16), (np.float16, np.float32), (np.float32, np.float32),
-                 (np.float32, np.float64), (np.float64, np.float64)]
-if BF16 is not None:  # the bfloat16 loops exist only with ml_dtypes
-    DIRECT_DTYPES += [(BF16, BF16), (BF16, np.float32)]
-
-
-@pytest.mark.parametrize(("x_dtype", "w_dtype"), DIRECT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), DTYPE_PAIRS)
 @pytest.mark.parametrize("shape", [(7,), (1, 4096), (3, 5), (2, 3, 70), (0, 4)], ids=str)
 def test_rms_norms_direct_call_gives_the_gufuncs_bytes(x_dtype, w_dtype, shape):
     # rms_norm skips the ufunc machinery for plain arrays; it runs the same

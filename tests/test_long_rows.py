@@ -16,13 +16,12 @@ import pytest
 
 import rmsnorm
 from closeness import assert_same_bytes
-from rmsnorm._dtypes import BF16
+from supported_dtypes import DTYPES
 
 TILE = 4096
 # rows x n: 15 rows a chunk (two chunks), 7 a chunk, and one row a chunk;
 # none of the lengths a multiple of a vector
 SHAPES = [(20, TILE + 1), (9, 2 * TILE + 5), (8, 17 * TILE + 3)]
-DTYPES = [np.float32, np.float64, np.float16] + ([BF16] if BF16 is not None else [])
 VARIANTS = ["plain", "residual", "offset", "strided"]
 
 

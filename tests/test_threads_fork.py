@@ -19,10 +19,10 @@ import pytest
 
 import rmsnorm
 from closeness import assert_same_bytes
+from supported_dtypes import WIDE_DTYPES
 
 SHAPE = (256, 4096)
 SECONDS = 1.0
-DTYPES = [np.float32, np.float64]
 
 
 def problem(dtype, seed=3):
@@ -52,7 +52,7 @@ def with_threads(request, restore_num_threads):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_threads):
     args = problem(dtype)
     results = {}
@@ -64,7 +64,7 @@ def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_thread
         assert_same_results(results[threads], results[1], f"on {threads} threads vs 1")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_four_python_threads_at_once_give_one_threads_bytes(dtype, with_threads):
     args = problem(dtype)
     expected = run_both(*args)
@@ -161,7 +161,7 @@ def _run_in_child(dtype, threads):
 
 
 @pytest.mark.parametrize("child_threads", [1, 2], ids=lambda n: f"child_threads={n}")
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_child_forked_after_the_pool_ran_computes_correctly(dtype, child_threads,
                                                             restore_num_threads):
     rmsnorm.set_num_threads(2)

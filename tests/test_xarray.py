@@ -13,10 +13,9 @@ import pytest
 
 import rmsnorm
 from closeness import assert_same_bytes
+from supported_dtypes import WIDE_DTYPES
 
 xr = pytest.importorskip("xarray", reason="xarray is optional")
-
-DTYPES = [np.float32, np.float64]
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +57,7 @@ def expected_values(data, weight, eps):
     return np.moveaxis(rmsnorm.forward(rows, weight.values, eps), -1, hidden_axis)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("hidden_axis", [0, 1, 2], ids=lambda a: f"hidden-at-axis-{a}")
 def test_apply_ufunc_normalises_over_the_named_dimension(hidden_axis, dtype):
     data = activations(dtype, hidden_axis)
