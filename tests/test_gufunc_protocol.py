@@ -15,6 +15,7 @@ import pytest
 import rmsnorm
 from rmsnorm import reference
 from closeness import assert_close_ulp, assert_same_bytes, reference_grad_scales
+from layouts import column_slice
 from supported_dtypes import DTYPES, WIDE_DTYPES
 
 # Row lengths around typical SIMD widths and tails, and a long row.
@@ -372,14 +373,8 @@ def test_casting_safe_rejects_float64_output_into_float32_out():
 # Strided operands: bit-identical to contiguous copies.
 # ---------------------------------------------------------------------------
 
-def _column_slice(a):
-    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
-    wide[..., ::2] = a
-    return wide[..., ::2]
-
-
 STRIDED = {
-    "column_slice": _column_slice,
+    "column_slice": column_slice,
     "negative_strides": lambda a: np.ascontiguousarray(a[:, ::-1])[:, ::-1],
     "fortran_order": np.asfortranarray,
     "row_slice": lambda a: np.repeat(a, 2, axis=0)[::2],
@@ -389,7 +384,7 @@ STRIDED = {
 STRIDED_WEIGHT = {
     "contiguous": lambda w: w,
     "stride_0_scalar": lambda w: np.broadcast_to(w[:1], w.shape),
-    "column_slice": lambda w: _column_slice(w[None])[0],
+    "column_slice": lambda w: column_slice(w[None])[0],
     "negative_stride": lambda w: np.ascontiguousarray(w[::-1])[::-1],
 }
 
@@ -533,9 +528,9 @@ def test_every_instruction_set_matches_reference_and_its_own_strided_path(isa, d
         assert_grads_match_reference(gi, gw, grad_output, x, weight, 1e-5,
                                      what=f" on {isa}, n={n}")
         # The strided path of the same instruction set agrees bit for bit.
-        x_strided = _column_slice(x)
+        x_strided = column_slice(x)
         assert_same_bytes(rmsnorm.forward(x_strided, weight, 1e-5), y,
                           what=f"strided forward on {isa}, n={n}")
-        gi_s, gw_s = rmsnorm.backward(_column_slice(grad_output), x_strided, weight, 1e-5)
+        gi_s, gw_s = rmsnorm.backward(column_slice(grad_output), x_strided, weight, 1e-5)
         assert_same_bytes(gi_s, gi, what=f"strided grad_input on {isa}, n={n}")
         assert_same_bytes(gw_s, gw, what=f"strided grad_weight on {isa}, n={n}")

@@ -17,6 +17,7 @@ import torch
 
 import rmsnorm
 from closeness import assert_forward_close, assert_grad_close
+from layouts import column_slice
 from supported_dtypes import WIDE_DTYPES
 
 TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
@@ -175,13 +176,6 @@ def _transposed(a):
     return np.ascontiguousarray(a.T).T
 
 
-def _column_slice(a):
-    """Same values, every other column of a wider array."""
-    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
-    wide[..., ::2] = a
-    return wide[..., ::2]
-
-
 def _row_slice(a):
     """Same values, every other row of a taller array."""
     tall = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
@@ -202,7 +196,7 @@ def _broadcast_row(a):
 LAYOUTS = {
     "contiguous": lambda a: a,
     "transposed": _transposed,
-    "column_slice": _column_slice,
+    "column_slice": column_slice,
     "row_slice": _row_slice,
     "negative_strides": _reversed,
     "broadcast": _broadcast_row,
@@ -244,7 +238,7 @@ def test_forward_and_grads_match_torch_for_strided_weight(weight_layout, dtype):
     n = 33
     x, weight, grad_output = make_inputs((4, n), (n,), dtype, None, seed=2)
     if weight_layout == "column_slice":
-        strided_weight = _column_slice(weight[None, :])[0]
+        strided_weight = column_slice(weight[None, :])[0]
     else:
         strided_weight = np.ascontiguousarray(weight[::-1])[::-1]
     assert not strided_weight.flags.c_contiguous
