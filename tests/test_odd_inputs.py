@@ -6,7 +6,7 @@ against torch and the float64 reference by the parity suites). Where there is
 no plain twin (an empty batch, a non-finite row, a row of 2**31 elements) the
 expected values are written out from the math.
 
-The bad inputs are in ``test_bad_inputs.py``; :class:`Caller` comes from there.
+The bad inputs are in ``test_bad_inputs.py``; :class:`Caller` is in ``caller_state.py``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 import rmsnorm
+from caller_state import Caller
 from closeness import assert_close_ulp
 from rmsnorm import reference
 from rmsnorm._dtypes import BF16
-from test_bad_inputs import Caller
 
 F32, F64 = np.float32, np.float64
 EPS = 1e-5
