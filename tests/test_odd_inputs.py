@@ -420,6 +420,24 @@ def test_catalogue_has_at_least_10_cases():
 
 
 # ---------------------------------------------------------------------------
+# Python's and NumPy's numbers, against the formula.
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("eps", [np.float32(1e-5), np.float64(1e-5), 1, np.int64(0)])
+def test_rms_norm_accepts_real_number_eps(eps):
+    x = np.full((1, 4), 2.0)
+    y = rmsnorm.rms_norm(x, (4,), eps=eps)
+    expected = 2.0 / np.sqrt(4.0 + float(eps))
+    assert np.allclose(y, expected, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("normalized_shape", [np.int64(3), (np.int32(3),), [np.int64(3)]])
+def test_numpy_integers_are_accepted_as_normalized_shape(normalized_shape):
+    x = np.full((2, 3), 2.0)
+    assert np.allclose(rmsnorm.rms_norm(x, normalized_shape, eps=0.0), 1.0, rtol=1e-15, atol=0)
+
+
+# ---------------------------------------------------------------------------
 # Sizes: core sizes past 2**31 elements must not overflow an index.
 #
 # The inputs are stride-0 broadcasts and the outputs stride-0 views, so no
