@@ -14,7 +14,7 @@ first is marked ``xfail(strict=True)`` with the patch it waits for, so that
 it flips to a failure (and the mark is removed) once the patch lands.
 
 The odd-but-valid inputs, which must give right answers, are in
-``test_odd_inputs.py``.
+``test_edge_values.py``.
 """
 
 from __future__ import annotations
