@@ -4,9 +4,15 @@ Every numeric assertion of the suite goes through :func:`assert_close_ulp`.
 When it fails, it names the worst element (the one furthest outside its
 tolerance): its index, both values, the absolute difference and the distance
 in ULPs of the compared dtype, plus how many elements failed in all.
+
+A test that claims the same bytes goes through :func:`assert_same_bytes`
+instead, which compares bits, not values: -0.0 is not 0.0 there, nor is one
+NaN another with a different payload.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -97,6 +103,45 @@ def assert_close_ulp(actual, expected, *, rtol, atol, what="result",
         f"abs diff {diff[worst]:.6g} (allowed {allowed[worst]:.6g}), "
         f"{ulps:.4g} ULP ({np.dtype(ulp_dtype).name})\n"
         f"  largest ULP distance over all finite elements: {max_ulps:.4g}")
+
+
+def _bit_pattern(element: np.ndarray) -> str:
+    """The bits of a one-element array as hex, most significant first."""
+    byteorder = {"<": "little", ">": "big"}.get(element.dtype.byteorder, sys.byteorder)
+    raw = element.tobytes()
+    return f"0x{int.from_bytes(raw, byteorder):0{2 * len(raw)}x}"
+
+
+def assert_same_bytes(actual, expected, *, what="result"):
+    """Assert the same dtype, the same shape and the same bytes everywhere.
+
+    Bits, not values, are compared, so that a claim of identical results
+    also covers the sign of zeros and the payload of NaNs. Layout does not
+    count: both sides are compared as C-contiguous copies. The failure
+    message names the first differing element, both values and their bits.
+    """
+    actual_arr = np.asarray(actual)
+    expected_arr = np.asarray(expected)
+    assert actual_arr.dtype == expected_arr.dtype, (
+        f"{what}: dtype {actual_arr.dtype} != expected dtype {expected_arr.dtype}")
+    assert actual_arr.shape == expected_arr.shape, (
+        f"{what}: shape {actual_arr.shape} != expected shape {expected_arr.shape}")
+    if actual_arr.size == 0:
+        return
+    itemsize = actual_arr.dtype.itemsize
+    a = np.ascontiguousarray(actual_arr).reshape(-1)
+    e = np.ascontiguousarray(expected_arr).reshape(-1)
+    differs = (a.view(np.uint8).reshape(-1, itemsize)
+               != e.view(np.uint8).reshape(-1, itemsize)).any(axis=1)
+    if not differs.any():
+        return
+    first = int(np.argmax(differs))
+    index = tuple(int(i) for i in np.unravel_index(first, actual_arr.shape))
+    raise AssertionError(
+        f"{what}: {int(differs.sum())} of {differs.size} elements differ in their bytes "
+        f"({actual_arr.dtype}).\n"
+        f"  first at index {index}: actual {a[first]!r} ({_bit_pattern(a[first:first + 1])}), "
+        f"expected {e[first]!r} ({_bit_pattern(e[first:first + 1])})")
 
 
 def assert_forward_close(actual, expected, *, what="output"):

@@ -1,15 +1,20 @@
-"""The catalogue of bad inputs: each is refused with a TypeError or ValueError
-whose message names the problem, and no caller array changes, bit for bit.
+"""Bad inputs: each is refused with a TypeError or ValueError whose message
+names the problem, and no caller array changes, bit for bit.
 
-Every case builds its arguments through a :class:`Caller`, which snapshots
-each array (and the buffer it views) the moment the case makes it, that is
-before the call. After the call has raised, every snapshot must still match.
-A case that needs a library change first is marked ``xfail(strict=True)``
-with the patch it waits for, so that it flips to a failure (and the mark is
-removed) once the patch lands.
+The catalogue holds the cases, by argument. Beside it: shape problems carry
+torch 2.13's exact texts (taken from torch at test time), load_state_dict
+refuses what torch's refuses, and the raw-buffer entry points refuse
+malformed arguments.
+
+Every case of the catalogue builds its arguments through a :class:`Caller`
+(caller_state.py), which snapshots each array (and the buffer it views) the
+moment the case makes it, that is before the call. After the call has
+raised, every snapshot must still match. A case that needs a library change
+first is marked ``xfail(strict=True)`` with the patch it waits for, so that
+it flips to a failure (and the mark is removed) once the patch lands.
 
 The odd-but-valid inputs, which must give right answers, are in
-``test_odd_inputs.py``.
+``test_edge_values.py``.
 """
 
 from __future__ import annotations
@@ -21,77 +26,13 @@ import numpy as np
 import pytest
 
 import rmsnorm
+from caller_state import Caller
 
-
-# ---------------------------------------------------------------------------
-# The caller's state.
-# ---------------------------------------------------------------------------
-
-def _root(array: np.ndarray) -> np.ndarray:
-    """The outermost ndarray a view reaches through ``.base``."""
-    root = array
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    return root
-
-
-class Caller:
-    """The arrays and state one call gets from its caller.
-
-    ``keep`` snapshots an array when it is made, so a case written as
-    ``rmsnorm.rms_norm(caller.x(), 3, caller.keep(weight))`` has every
-    argument recorded before ``rms_norm`` runs. ``watch`` records any other
-    state (the thread count, a module's weight) through a getter.
-    """
-
-    def __init__(self, seed: int = 5):
-        self.rng = np.random.default_rng(seed)
-        self._kept: list[tuple[str, np.ndarray, bytes, bytes]] = []
-        self._watched: list[tuple[str, Callable[[], object], object]] = []
-
-    def keep(self, array, name: str | None = None):
-        if isinstance(array, np.ndarray):
-            name = name or f"argument #{len(self._kept)}"
-            self._kept.append((name, array, array.tobytes(), _root(array).tobytes()))
-        return array
-
-    def watch(self, name: str, getter: Callable[[], object]) -> None:
-        self._watched.append((name, getter, getter()))
-
-    # Arrays most cases need: random, so that a stray write shows.
-    def x(self, shape=(2, 3), dtype=np.float32) -> np.ndarray:
-        return self.keep(self.rng.standard_normal(shape).astype(dtype), "x")
-
-    def weight(self, shape=(3,), dtype=np.float32) -> np.ndarray:
-        return self.keep(self.rng.standard_normal(shape).astype(dtype), "weight")
-
-    def grad(self, shape=(2, 3), dtype=np.float32) -> np.ndarray:
-        return self.keep(self.rng.standard_normal(shape).astype(dtype), "grad_output")
-
-    def out(self, shape=(2, 3), dtype=np.float32) -> np.ndarray:
-        return self.keep(np.full(shape, 7, dtype), "out")
-
-    def read_only(self, array: np.ndarray) -> np.ndarray:
-        array.flags.writeable = False
-        return self.keep(array, "read-only array")
-
-    def module(self, *args, **kwargs) -> rmsnorm.RMSNorm:
-        """An RMSNorm whose weight (made random) and weight_grad are watched."""
-        layer = rmsnorm.RMSNorm(*args, **kwargs)
-        if layer.weight is not None:
-            layer.weight[...] = self.rng.standard_normal(layer.weight.shape)
-            self.keep(layer.weight, "module weight")
-        self.watch("module weight_grad",
-                   lambda: None if layer.weight_grad is None else layer.weight_grad.tobytes())
-        return layer
-
-    def assert_unchanged(self) -> None:
-        for name, array, data, root in self._kept:
-            assert array.tobytes() == data, f"{name} was changed by a call that raised"
-            assert _root(array).tobytes() == root, (
-                f"the buffer under {name} was changed by a call that raised")
-        for name, getter, before in self._watched:
-            assert getter() == before, f"{name} changed from {before!r} to {getter()!r}"
+try:  # torch's own error texts are the expected ones; the catalogue needs no torch
+    import torch
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="the expected texts come from torch")
 
 
 # ---------------------------------------------------------------------------
@@ -205,28 +146,41 @@ def _dtype_names(make):
 for _name, _make in NON_FLOATING.items():
     bad("dtype", _name, TypeError, _dtype_names(_make),
         lambda c, make=_make: rmsnorm.rms_norm(c.keep(make(), "x"), 3))
+    bad("dtype", f"backward_{_name}", TypeError, _dtype_names(_make),
+        lambda c, make=_make: rmsnorm.rms_norm_backward(c.grad(), c.keep(make(), "x"), 3))
+for _name in ["int64", "bool", "complex128", "str"]:
+    bad("dtype", f"module_{_name}", TypeError, _dtype_names(NON_FLOATING[_name]),
+        lambda c, make=NON_FLOATING[_name]: c.module(3)(c.keep(make(), "x")))
 for _name in ["complex128", "object", "str", "datetime64"]:
     # The gufunc itself: NumPy's own refusal, since no loop takes the type.
     bad("dtype", f"gufunc_{_name}", TypeError, ["forward", "input types"],
         lambda c, make=NON_FLOATING[_name]: rmsnorm.forward(
             c.keep(make(), "x"), c.keep(np.ones(3)), 1e-5))
-bad("dtype", "backward_int64_input", TypeError, ["input", "int64"],
-    lambda c: rmsnorm.rms_norm_backward(c.grad(), c.keep(np.ones((2, 3), np.int64)), 3))
+bad("dtype", "python_int_list", TypeError, ["input", str(np.asarray([[1, 2, 3]]).dtype)],
+    lambda c: rmsnorm.rms_norm([[1, 2, 3]], (3,)))
 
 # ---- normalized_shape ------------------------------------------------------
-bad("normalized_shape", "float", TypeError, ["normalized_shape", "float"], _shape(3.0))
-bad("normalized_shape", "float_element", TypeError, ["normalized_shape", "float"], _shape((3.0,)))
-bad("normalized_shape", "non_integral", TypeError, ["normalized_shape", "float"], _shape([1.5]))
+# name -> (a normalized_shape that is not ints, the type the message names)
+NOT_INTS = {
+    "float": (3.0, "float"),
+    "float_element": ((3.0,), "float"),
+    "non_integral": ([1.5], "float"),
+    "str": ("3", "str"),
+    "str_element": (("3",), "str"),
+    "None": (None, "NoneType"),
+    "None_element": ((None,), "NoneType"),
+}
+for _name, (_value, _type) in NOT_INTS.items():
+    bad("normalized_shape", _name, TypeError, ["normalized_shape", _type], _shape(_value))
+    bad("normalized_shape", f"backward_{_name}", TypeError, ["normalized_shape", _type],
+        lambda c, value=_value: rmsnorm.rms_norm_backward(c.grad(), c.x(), value))
+    bad("normalized_shape", f"module_{_name}", TypeError, ["normalized_shape", _type],
+        lambda c, value=_value: c.module(value)(c.x()))
 bad("normalized_shape", "negative", ValueError, ["normalized_shape=[-3]"], _shape(-3))
 bad("normalized_shape", "negative_element", ValueError, ["normalized_shape=[2, -3]"],
     _shape((2, -3)))
-bad("normalized_shape", "str", TypeError, ["normalized_shape", "str"], _shape("3"))
-bad("normalized_shape", "str_element", TypeError, ["normalized_shape", "str"], _shape(("3",)))
 bad("normalized_shape", "nested_tuple", TypeError, ["normalized_shape", "tuple"], _shape(((3,),)))
 bad("normalized_shape", "nested_list", TypeError, ["normalized_shape", "list"], _shape([[2, 3]]))
-bad("normalized_shape", "None", TypeError, ["normalized_shape", "NoneType"], _shape(None))
-bad("normalized_shape", "None_element", TypeError, ["normalized_shape", "NoneType"],
-    _shape((None,)))
 bad("normalized_shape", "bool", TypeError, ["normalized_shape", "bool"], _shape(True))
 bad("normalized_shape", "longer_than_input_rank", ValueError,
     ["at least 3 dimensions", "got 2"], _shape((1, 2, 3)))
@@ -238,12 +192,8 @@ bad("normalized_shape", "wrong_size", ValueError, ["normalized_shape=[4]", "size
     _shape(4))
 bad("normalized_shape", "dict", TypeError, ["normalized_shape", "dict"], _shape({3: 1}))
 bad("normalized_shape", "set", TypeError, ["normalized_shape", "set"], _shape({3}))
-bad("normalized_shape", "module_None", TypeError, ["normalized_shape"],
-    lambda c: rmsnorm.RMSNorm(None))
 bad("normalized_shape", "module_negative", ValueError, ["negative"],
     lambda c: rmsnorm.RMSNorm(-3))
-bad("normalized_shape", "backward_float", TypeError, ["normalized_shape", "float"],
-    lambda c: rmsnorm.rms_norm_backward(c.grad(), c.x(), 3.0))
 
 # ---- weight ----------------------------------------------------------------
 bad("weight", "rank_2", ValueError, ["weight of shape [1, 3]"],
@@ -268,17 +218,24 @@ bad("weight", "gufunc_too_long", ValueError, ["operand 1", "core dimension"],
     lambda c: rmsnorm.forward(c.x(), c.weight((4,)), F32(1e-5)))
 
 # ---- eps -------------------------------------------------------------------
-bad("eps", "str", TypeError, ["eps", "str"], _eps("1e-5"))
-bad("eps", "bytes", TypeError, ["eps", "bytes"], _eps(b"1e-5"))
-bad("eps", "list", TypeError, ["eps", "list"], _eps([1e-5]))
-bad("eps", "array", TypeError, ["eps", "ndarray"], _eps(np.array([1e-5, 1e-5])))
-bad("eps", "0d_array", TypeError, ["eps", "ndarray"], _eps(np.array(1e-5)))
-bad("eps", "complex", TypeError, ["eps", "complex"], _eps(1e-5j))
-bad("eps", "numpy_complex", TypeError, ["eps", "complex"], _eps(np.complex128(1e-5)))
-bad("eps", "bool", TypeError, ["eps", "bool"], _eps(True))
-bad("eps", "dict", TypeError, ["eps", "dict"], _eps({"eps": 1e-5}))
-bad("eps", "backward_str", TypeError, ["eps", "str"],
-    lambda c: rmsnorm.rms_norm_backward(c.grad(), c.x(), 3, c.weight(), "1e-5"))
+# name -> (an eps that is not a real number, the type the message names)
+NOT_REAL = {
+    "str": ("1e-5", "str"),
+    "bytes": (b"1e-5", "bytes"),
+    "list": ([1e-5], "list"),
+    "array": (np.array([1e-5, 1e-5]), "ndarray"),
+    "0d_array": (np.array(1e-5), "ndarray"),
+    "complex": (1e-5j, "complex"),
+    "numpy_complex": (np.complex128(1e-5), "complex"),
+    "bool": (True, "bool"),
+    "dict": ({"eps": 1e-5}, "dict"),
+    "object": (object(), "object"),
+}
+for _name, (_value, _type) in NOT_REAL.items():
+    bad("eps", _name, TypeError, ["eps", _type], _eps(_value))
+    bad("eps", f"backward_{_name}", TypeError, ["eps", _type],
+        lambda c, value=_value: rmsnorm.rms_norm_backward(
+            c.grad(), c.x(), 3, c.weight(), eps=c.keep(value, "eps")))
 bad("eps", "module_str", TypeError, ["eps", "str"], lambda c: c.module(3, eps="1e-5")(c.x()))
 bad("eps", "gufunc_str", TypeError, ["forward", "input types"],
     lambda c: rmsnorm.forward(c.x(), c.weight(), "1e-5"))
@@ -361,7 +318,7 @@ def _set_threads(value):
     return call
 
 
-for _name, _value in [("zero", 0), ("negative", -1), ("huge_negative", -2**80)]:
+for _name, _value in [("zero", 0), ("negative", -1), ("minus_8", -8), ("huge_negative", -2**80)]:
     bad("threads", _name, ValueError, ["set_num_threads", "positive"], _set_threads(_value))
 for _name, _value in [("str", "2"), ("float", 2.0), ("non_integral", 1.5), ("None", None),
                       ("bool", True), ("list", [2])]:
@@ -373,6 +330,10 @@ bad("gufunc", "forward_missing_eps", TypeError, ["forward", "positional"],
     lambda c: rmsnorm.forward(c.x(), c.weight()))
 bad("gufunc", "backward_missing_eps", TypeError, ["backward", "positional"],
     lambda c: rmsnorm.backward(c.grad(), c.x(), c.weight()))
+bad("gufunc", "backward_input_rows", ValueError, ["backward", "operand 1", "core dimension"],
+    lambda c: rmsnorm.backward(c.grad(), c.x((3, 3)), c.weight(), F32(0)))
+bad("gufunc", "backward_weight_too_long", ValueError, ["backward", "operand 2", "core dimension"],
+    lambda c: rmsnorm.backward(c.grad(), c.x(), c.weight((4,)), F32(0)))
 bad("gufunc", "backward_1d_input", ValueError, ["backward", "enough dimensions"],
     lambda c: rmsnorm.backward(c.grad((3,)), c.x((3,)), c.weight(), F32(0)))
 bad("gufunc", "forward_bad_axes", ValueError, ["axes"],
@@ -413,3 +374,172 @@ def test_caller_notices_a_changed_array():
     view[0] = 1.0
     with pytest.raises(AssertionError, match="was changed"):
         caller.assert_unchanged()
+
+
+# ---------------------------------------------------------------------------
+# torch's texts: a shape problem raises ValueError with torch 2.13's exact
+# message, taken from torch at test time by making the same call on torch.
+# ---------------------------------------------------------------------------
+
+# (input shape, normalized_shape, weight shape or None): each is rejected by
+# torch.nn.functional.rms_norm with a RuntimeError.
+SHAPE_ERROR_CASES = [
+    pytest.param((2, 3), [], None, id="empty_normalized_shape_list"),
+    pytest.param((2, 3), (), None, id="empty_normalized_shape_tuple"),
+    pytest.param((2, 3), [], (3,), id="empty_normalized_shape_with_weight"),
+    pytest.param((2, 2, 3), [1, 2, 3], (1, 2), id="weight_1x2_for_normalized_shape_1x2x3"),
+    pytest.param((2, 3), [3], (4,), id="weight_too_long"),
+    pytest.param((2, 3), [3], (1, 3), id="weight_extra_dim"),
+    pytest.param((2, 3), [2, 3], (3, 2), id="weight_transposed"),
+    pytest.param((2, 3), [2, 3], (6,), id="weight_flattened"),
+    pytest.param((2, 2, 3), [2, 2], None, id="input_not_ending_in_2x2"),
+    pytest.param((2, 3), [4], None, id="input_last_dim_too_short"),
+    pytest.param((3,), [2, 3], None, id="input_fewer_dims_than_normalized_shape"),
+    pytest.param((2, 3, 4), [3], None, id="input_wrong_last_dim_3d"),
+    pytest.param((), [1], None, id="scalar_input"),
+    pytest.param((2, 3), [3, 1], (3, 1), id="input_without_trailing_1"),
+    pytest.param((2,), [1, 2, 3], None, id="1d_input_for_3d_normalized_shape"),
+    pytest.param((), [], None, id="scalar_input_empty_normalized_shape"),
+    # Two problems at once: torch checks the weight before the input.
+    pytest.param((2,), [1, 2, 3], (1, 2), id="bad_weight_and_too_few_input_dims"),
+]
+
+
+def torch_error_text(shape, normalized_shape, weight_shape):
+    x = torch.zeros(shape)
+    weight = None if weight_shape is None else torch.ones(weight_shape)
+    # torch raises RuntimeError for most of these, but ValueError ("Input
+    # tensor must have at least k dimensions") when the input has fewer dims
+    # than normalized_shape; either way its text is what we must reproduce.
+    with pytest.raises((RuntimeError, ValueError)) as torch_error:
+        torch.nn.functional.rms_norm(x, list(normalized_shape), weight)
+    return str(torch_error.value)
+
+
+def _numpy_args(shape, weight_shape):
+    x = np.zeros(shape, np.float32)
+    weight = None if weight_shape is None else np.ones(weight_shape, np.float32)
+    return x, weight
+
+
+@needs_torch
+@pytest.mark.parametrize("shape, normalized_shape, weight_shape", SHAPE_ERROR_CASES)
+def test_rms_norm_shape_error_has_torchs_text(shape, normalized_shape, weight_shape):
+    expected = torch_error_text(shape, normalized_shape, weight_shape)
+    x, weight = _numpy_args(shape, weight_shape)
+    with pytest.raises(ValueError) as ours:
+        rmsnorm.rms_norm(x, normalized_shape, weight)
+    assert str(ours.value) == expected
+
+
+@needs_torch
+@pytest.mark.parametrize("shape, normalized_shape, weight_shape", SHAPE_ERROR_CASES)
+def test_rms_norm_backward_shape_error_has_torchs_text(shape, normalized_shape, weight_shape):
+    expected = torch_error_text(shape, normalized_shape, weight_shape)
+    x, weight = _numpy_args(shape, weight_shape)
+    with pytest.raises(ValueError) as ours:
+        rmsnorm.rms_norm_backward(np.ones_like(x), x, normalized_shape, weight)
+    assert str(ours.value) == expected
+
+
+@needs_torch
+def test_documented_error_texts_are_torchs():
+    # The three texts of the spec, as torch 2.13 actually words them.
+    assert torch_error_text((2, 3), [], None) == (
+        "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least "
+        "one element, but got normalized_shape = []")
+    assert torch_error_text((2, 2, 3), [1, 2, 3], (1, 2)) == (
+        "Expected weight to be of same shape as normalized_shape, but got weight of shape "
+        "[1, 2] and normalized_shape = [1, 2, 3]")
+    assert torch_error_text((2, 2, 3), [2, 2], None).startswith(
+        "Given normalized_shape=[2, 2], expected input with shape [*")
+    assert torch_error_text((2, 2, 3), [2, 2], None).endswith("but got input of size[2, 2, 3]")
+
+
+@needs_torch
+@pytest.mark.parametrize("normalized_shape, input_shape", [
+    pytest.param([], (2, 3), id="empty_normalized_shape"),
+    pytest.param((4,), (2, 3), id="input_last_dim_mismatch"),
+    pytest.param((2, 3), (3,), id="input_fewer_dims"),
+])
+def test_module_forward_shape_error_has_torchs_text(normalized_shape, input_shape):
+    with pytest.raises((RuntimeError, ValueError)) as torch_error:
+        torch.nn.RMSNorm(normalized_shape)(torch.zeros(input_shape))
+    with pytest.raises(ValueError) as ours:
+        module = rmsnorm.RMSNorm(normalized_shape)
+        module(np.zeros(input_shape, np.float32))
+    assert str(ours.value) == str(torch_error.value)
+
+
+# ---------------------------------------------------------------------------
+# load_state_dict refuses what torch's refuses, in torch's words.
+# ---------------------------------------------------------------------------
+
+@needs_torch
+@pytest.mark.parametrize("bad_shape", [(4,), (1, 5), (5, 1), ()])
+def test_load_state_dict_rejects_a_weight_of_another_shape(bad_shape):
+    module = rmsnorm.RMSNorm(5)
+    with pytest.raises(RuntimeError) as torch_error:
+        torch.nn.RMSNorm(5).load_state_dict({"weight": torch.ones(bad_shape)})
+    assert "size mismatch for weight" in str(torch_error.value)
+    with pytest.raises(ValueError, match="size mismatch for weight"):
+        module.load_state_dict({"weight": np.ones(bad_shape, np.float32)})
+    assert np.array_equal(module.weight, np.ones(5, np.float32)), "weight changed by a failed load"
+
+
+@needs_torch
+def test_load_state_dict_rejects_a_torch_weight_of_another_shape():
+    module = rmsnorm.RMSNorm((2, 3))
+    with pytest.raises(ValueError, match="size mismatch for weight"):
+        module.load_state_dict(torch.nn.RMSNorm((3, 2)).state_dict())
+
+
+@needs_torch
+def test_load_state_dict_without_weight_key_reports_missing_keys():
+    with pytest.raises(RuntimeError) as torch_error:
+        torch.nn.RMSNorm(5).load_state_dict({})
+    assert "Missing key(s)" in str(torch_error.value)
+    with pytest.raises(ValueError, match=r"Missing key\(s\)"):
+        rmsnorm.RMSNorm(5).load_state_dict({})
+
+
+# ---------------------------------------------------------------------------
+# The raw-buffer entry points that rmsnorm.torch calls (csrc/numpy/buffers.c)
+# trust the addresses they are given, but refuse malformed arguments before
+# any kernel runs: none of these reaches an address.
+# ---------------------------------------------------------------------------
+
+_FORWARD_ARGS = (2, 1, 4, 1e-6, 0.0, 0, 0, 0, None, None)  # float32, 1 row of 4
+_BACKWARD_ARGS = (2, 1, 4, 1e-6, 0.0, 0, 0, 0, 0, 0, None)
+
+
+def _with(args, index, value):
+    return args[:index] + (value,) + args[index + 1 :]
+
+
+@pytest.mark.parametrize(
+    "name, args, error, text",
+    [
+        pytest.param("_forward_buffers", _FORWARD_ARGS[:-1], TypeError,
+                     r"takes 10 arguments \(9 given\)", id="forward_one_argument_short"),
+        pytest.param("_backward_buffers", _BACKWARD_ARGS + (None,), TypeError,
+                     r"takes 11 arguments \(12 given\)", id="backward_one_argument_over"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 0, 99), ValueError,
+                     "no kernel problem: type 99", id="unknown_type"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 1, -1), ValueError,
+                     "no kernel problem", id="negative_rows"),
+        pytest.param("_backward_buffers", _with(_BACKWARD_ARGS, 2, 0), ValueError,
+                     "no kernel problem", id="rows_of_no_elements"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 3, "1e-6"), TypeError,
+                     "real number", id="eps_a_string"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 5, (0, 16)), TypeError,
+                     "a matrix is an address or", id="matrix_without_its_element_stride"),
+        pytest.param("_forward_buffers", _with(_FORWARD_ARGS, 6, (0, 4, 4)), TypeError,
+                     "a vector is an address or", id="vector_with_a_row_stride"),
+        pytest.param("_backward_buffers", _with(_BACKWARD_ARGS, 5, (0, "16", 4)), TypeError,
+                     "integer", id="stride_not_an_integer"),
+    ],
+)
+def test_raw_buffer_entry_points_refuse_malformed_arguments(name, args, error, text):
+    with pytest.raises(error, match=text):
+        getattr(rmsnorm._core, name)(*args)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from closeness import assert_close_ulp, grad_tolerance
+from closeness import assert_close_ulp, assert_same_bytes, grad_tolerance
 
 
 def test_close_assertion_reports_worst_element_and_ulps():
@@ -49,3 +49,39 @@ def test_close_assertion_checks_shape_and_dtype():
 def test_grad_tolerance_scales_atol_with_largest_element_only_above_one(dtype, default_atol):
     assert grad_tolerance(np.array([0.5, -0.25], dtype), dtype)[1] == default_atol
     assert grad_tolerance(np.array([3.0, -40.0], dtype), dtype)[1] == pytest.approx(40 * default_atol)
+
+
+def _float32_from_bits(*bits):
+    return np.array(bits, np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("actual_bits, expected_bits", [
+    pytest.param(0x80000000, 0x00000000, id="minus_zero_vs_zero"),
+    pytest.param(0x7FC00001, 0x7FC00000, id="nan_payloads"),
+    pytest.param(0xFFC00000, 0x7FC00000, id="nan_signs"),
+])
+def test_same_bytes_assertion_fails_where_values_compare_equal(actual_bits, expected_bits):
+    """-0.0 == 0.0 and NaNs compare equal under equal_nan: the bytes do not."""
+    one = 0x3F800000
+    actual, expected = _float32_from_bits(one, actual_bits), _float32_from_bits(one, expected_bits)
+    assert np.array_equal(actual, expected, equal_nan=True), "the values should compare equal"
+    with pytest.raises(AssertionError) as failure:
+        assert_same_bytes(actual, expected, what="y")
+    message = str(failure.value)
+    assert "y: 1 of 2 elements differ in their bytes (float32)" in message
+    assert "index (1,)" in message
+    assert f"(0x{actual_bits:08x})" in message and f"(0x{expected_bits:08x})" in message
+
+
+def test_same_bytes_assertion_accepts_equal_bits_in_any_layout():
+    values = _float32_from_bits(0x7FC00001, 0x80000000, 0x3F800000)
+    assert_same_bytes(np.repeat(values, 2)[::2], values.copy())
+
+
+def test_same_bytes_assertion_checks_shape_and_dtype():
+    with pytest.raises(AssertionError, match="shape"):
+        assert_same_bytes(np.zeros(3), np.zeros((3, 1)))
+    with pytest.raises(AssertionError, match="dtype"):
+        assert_same_bytes(np.zeros(3, np.float32), np.zeros(3))
+    with pytest.raises(AssertionError, match="dtype"):
+        assert_same_bytes(np.zeros(3, ">f4"), np.zeros(3, "<f4"))

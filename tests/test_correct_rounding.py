@@ -37,16 +37,16 @@ import numpy as np
 import pytest
 
 import rmsnorm
+from closeness import assert_same_bytes
 from rmsnorm._dtypes import BF16, ml_dtypes
+from supported_dtypes import DTYPE_PAIR_NAMES
 
 LD = np.longdouble
-# (x dtype, weight dtype): each dtype with its own weight, the 16-bit ones
-# with a float32 weight, whose product with x is no longer exact in float,
-# and float32 with a float64 weight, whose offset + w float64 cannot hold.
-PAIRS = [("float16", "float16"), ("float16", "float32"), ("float32", "float32"),
-         ("float32", "float64"), ("float64", "float64")]
-if BF16 is not None:
-    PAIRS[2:2] = [("bfloat16", "bfloat16"), ("bfloat16", "float32")]
+# (x dtype, weight dtype): every loop's. Each dtype with its own weight, the
+# 16-bit ones with a float32 weight, whose product with x is no longer exact
+# in float, and float32 with a float64 weight, whose offset + w float64
+# cannot hold.
+PAIRS = DTYPE_PAIR_NAMES
 # Weight offsets: none (forward itself), Gemma's 1, a negative one, and one
 # far below the weights, which then carry most of the factor.
 OFFSETS = [None, 1.0, -0.5, 2.0**-20]
@@ -326,8 +326,7 @@ def test_forward_is_the_exact_result_rounded_once(dtype, weight, offset, fused, 
         bits = BITS[x.dtype.itemsize]
         if fused:
             y, residual_out = y
-            assert np.array_equal(residual_out.view(bits), x.view(bits)), (
-                "residual_out is not x_in + residual rounded once")
+            assert_same_bytes(residual_out, x, what="residual_out, x_in + residual rounded once")
             inexact_sums += split[2]
         assert y.dtype == _dtype(dtype)
         wrong = y.view(bits) != expected.view(bits)
@@ -433,7 +432,7 @@ def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa):
     column = int(data["column"])
     assert y[0, column].view(np.uint32) == expected[0, column].view(np.uint32), (
         f"column {column}: got {float(y[0, column])!r}, expected {float(expected[0, column])!r}")
-    assert np.array_equal(y.view(np.uint32), expected.view(np.uint32))
+    assert_same_bytes(y, expected, what="y")
 
 
 # Long rows whose every vector block holds near-tie outputs, so that the
@@ -543,7 +542,8 @@ def test_a_square_below_the_sums_rounding_still_decides_a_tie(dtype, n, eps, rou
     else:
         residual = np.zeros_like(x)
         y, h = rmsnorm.add_forward(x, residual, w, eps, out=(np.empty_like(x), residual))
-        assert h is residual and np.array_equal(h[:, :5].view(bits), x[:, :5].view(bits))
+        assert h is residual
+        assert_same_bytes(h[:, :5], x[:, :5], what="residual_out")
 
     tie = 1.5 * scale * tie_weights.astype(np.float64)
     nearest = tie.astype(dtype)  # to even: one of the tie's two neighbours

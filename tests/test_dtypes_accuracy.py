@@ -17,6 +17,7 @@ import pytest
 
 import rmsnorm
 from closeness import assert_forward_close, assert_grad_close
+from supported_dtypes import DTYPE_NAMES, DTYPE_PAIR_NAMES
 
 torch = pytest.importorskip("torch", reason="the parity suite compares with torch")
 import accuracy_corpus as accuracy  # noqa: E402  (tests/accuracy_corpus.py)
@@ -85,10 +86,7 @@ SPECIAL_ROWS = {
     "zero-row": [0.0, 0.0, 0.0, 0.0],
     "negative-zero-row": [-0.0, 0.0, -0.0, 0.0],
 }
-SPECIAL_DTYPES = ["float16", "float32", "float64"] + (["bfloat16"] if BF16 is not None else [])
-
-
-@pytest.mark.parametrize("dtype", SPECIAL_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 @pytest.mark.parametrize("row", SPECIAL_ROWS, ids=str)
 @pytest.mark.parametrize("eps", [0.0, 1e-6, float("nan")], ids=["eps=0", "eps=1e-6", "eps=nan"])
 def test_special_values_match_torch_element_by_element(dtype, row, eps):
@@ -109,9 +107,8 @@ def test_inputs_near_the_largest_float16_match_torch():
     assert_forward_close(ours, theirs)
 
 
-MIXED = [("float16", "float16"), ("float16", "float32"), ("float32", "float64")]
-if BF16 is not None:
-    MIXED += [("bfloat16", "bfloat16"), ("bfloat16", "float32")]
+# The 16-bit dtypes, and every weight of another dtype than the input.
+MIXED = [(x, weight) for x, weight in DTYPE_PAIR_NAMES if x.endswith("16") or weight != x]
 
 
 @pytest.mark.parametrize("x_dtype, weight_dtype", MIXED, ids=lambda d: d)

@@ -35,8 +35,9 @@ import numpy as np
 import pytest
 
 import rmsnorm
-from closeness import assert_forward_close, assert_grad_close
+from closeness import assert_forward_close, assert_grad_close, assert_same_bytes
 from lazy_sources import lazy
+from supported_dtypes import DTYPE_NAMES, LOOP_PAIR_NAMES, NUMPY_DTYPES
 from rmsnorm._dtypes import BF16
 
 try:
@@ -59,16 +60,11 @@ needs_bfloat16 = pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtyp
 pytestmark = pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 
 
-# (input dtype, weight dtype): each dtype with its own weight, and the mixed
-# pairs torch uses in mixed precision.
-PAIR_NAMES = [("float16", "float16"), ("float16", "float32"), ("float32", "float32"),
-              ("float32", "float64"), ("float64", "float64"), ("bfloat16", "bfloat16"),
-              ("bfloat16", "float32")]
+# (input dtype, weight dtype) of every loop; the bfloat16 ones skip without ml_dtypes.
 PAIRS = [pytest.param(pair, id="-".join(pair), marks=[needs_bfloat16] if "bfloat16" in pair else [])
-         for pair in PAIR_NAMES]
+         for pair in LOOP_PAIR_NAMES]
 ROW_LENGTHS = [1, 7, 127, 1000, 4096]
 EPS = 1e-5
-_BITS = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _dtype(name):
@@ -100,25 +96,6 @@ def block_arrays(pair, shape, normalized_shape=None, seed=0):
     }
 
 
-def _bits(array):
-    array = np.ascontiguousarray(array)
-    return array.view(_BITS[array.dtype.itemsize])
-
-
-def assert_same_bytes(actual, expected, what):
-    """Equal shapes, dtypes and bit patterns (so -0.0 is not 0.0, and a NaN is
-    the same NaN)."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    differ = _bits(actual) != _bits(expected)
-    if differ.any():
-        where = tuple(int(i) for i in np.argwhere(differ)[0])
-        raise AssertionError(
-            f"{what}: {int(differ.sum())} of {differ.size} elements differ in their bytes; "
-            f"first at {where}: {actual[where]!r} != {expected[where]!r}")
-
-
 @contextlib.contextmanager
 def left_unchanged(**arrays):
     """Asserts that the block wrote to none of ``arrays``: each is copied before
@@ -126,7 +103,8 @@ def left_unchanged(**arrays):
     before = {name: np.array(array, copy=True) for name, array in arrays.items()}
     yield
     for name, array in arrays.items():
-        assert_same_bytes(array, before[name], f"{name} after the call (it must not be written)")
+        assert_same_bytes(array, before[name],
+                          what=f"{name} after the call (it must not be written)")
 
 
 # ---------------------------------------------------------------------------
@@ -263,7 +241,7 @@ def test_forward_matches_torchs_block_element_by_element(block, pair, case):
     assert_forward_close(ours["output"], expected["output"], what=f"{block} output")
     if "residual_out" in expected:
         # One correctly rounded sum on both sides: the same bytes.
-        assert_same_bytes(ours["residual_out"], expected["residual_out"], "residual_out")
+        assert_same_bytes(ours["residual_out"], expected["residual_out"], what="residual_out")
 
 
 @needs_torch
@@ -336,11 +314,11 @@ def test_add_forward_gives_the_bytes_of_np_add_then_forward(isa, pair, n, layout
     else:
         y, h = rmsnorm.add_forward(x, r, w, eps, out=out)
         assert y is out[0] and h is out[1]
-    assert_same_bytes(h, h_expected, "residual_out")
-    assert_same_bytes(y, y_expected, "output")
+    assert_same_bytes(h, h_expected, what="residual_out")
+    assert_same_bytes(y, y_expected, what="output")
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("n", [4096, 4099], ids=["4096", "4099-unaligned-rows"])
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda t: f"threads={t}")
 @pytest.mark.parametrize("sums_to", ["new-array", "over-the-residual", "over-x"])
@@ -372,8 +350,8 @@ def test_add_forward_past_16_mib_gives_the_bytes_of_small_calls(isa, dtype, n, t
         over = r if sums_to == "over-the-residual" else x
         y, h = rmsnorm.add_forward(x, r, w, eps, out=(np.empty_like(x), over))
         assert h is over
-    assert_same_bytes(h, h_expected, "residual_out")
-    assert_same_bytes(y, y_expected, "output")
+    assert_same_bytes(h, h_expected, what="residual_out")
+    assert_same_bytes(y, y_expected, what="output")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -385,11 +363,11 @@ def test_add_forward_offset_gives_the_bytes_of_np_add_then_forward_offset(
     x, r, w, _, eps = _layout_inputs(pair, n, layout, seed=2)
     h_expected = np.add(x, r)
     y, h = rmsnorm.add_forward_offset(x, r, w, offset, eps)
-    assert_same_bytes(h, h_expected, "residual_out")
-    assert_same_bytes(y, rmsnorm.forward_offset(h_expected, w, offset, eps), "output")
+    assert_same_bytes(h, h_expected, what="residual_out")
+    assert_same_bytes(y, rmsnorm.forward_offset(h_expected, w, offset, eps), what="output")
     if offset == 0.0:
         for got, plain in zip((y, h), rmsnorm.add_forward(x, r, w, eps)):
-            assert_same_bytes(got, plain, "add_forward_offset with offset 0 vs add_forward")
+            assert_same_bytes(got, plain, what="add_forward_offset with offset 0 vs add_forward")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -398,7 +376,7 @@ def test_add_forward_offset_gives_the_bytes_of_np_add_then_forward_offset(
 def test_forward_offset_of_zero_gives_forwards_bytes(isa, pair, n, layout):
     x, _, w, _, eps = _layout_inputs(pair, n, layout, seed=3)
     assert_same_bytes(rmsnorm.forward_offset(x, w, 0.0, eps), rmsnorm.forward(x, w, eps),
-                      "forward_offset(offset=0)")
+                      what="forward_offset(offset=0)")
 
 
 def _special_rows(dtype):
@@ -424,8 +402,8 @@ def test_add_forward_gives_np_adds_bytes_for_inf_nan_overflow_signed_zero_and_su
         h_expected = np.add(x, r)
         y_expected = rmsnorm.forward(h_expected, w, eps)
         y, h = rmsnorm.add_forward(x, r, w, eps)
-    assert_same_bytes(h, h_expected, "residual_out")
-    assert_same_bytes(y, y_expected, "output")
+    assert_same_bytes(h, h_expected, what="residual_out")
+    assert_same_bytes(y, y_expected, what="output")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -435,8 +413,8 @@ def test_add_backward_with_zero_grad_residual_out_gives_backwards_bytes(pair, n)
     zeros = np.zeros_like(a["grad_residual_out"])
     fused = rmsnorm.add_backward(a["grad_output"], zeros, a["x"], a["weight"], a["eps"])
     plain = rmsnorm.backward(a["grad_output"], a["x"], a["weight"], a["eps"])
-    assert_same_bytes(fused[0], plain[0], "grad_input")
-    assert_same_bytes(fused[1], plain[1], "grad_weight")
+    assert_same_bytes(fused[0], plain[0], what="grad_input")
+    assert_same_bytes(fused[1], plain[1], what="grad_weight")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -453,7 +431,7 @@ def test_add_backward_adds_grad_residual_out_to_backwards_grad_input(pair, n):
     expected = (exact_input + a["grad_residual_out"].astype(np.float64)).astype(grad_input.dtype)
     assert_grad_close(grad_input, expected, what="grad_input")
     assert_same_bytes(grad_weight, rmsnorm.backward(a["grad_output"], a["x"], a["weight"],
-                                                    a["eps"])[1], "grad_weight")
+                                                    a["eps"])[1], what="grad_weight")
 
 
 # ---------------------------------------------------------------------------
@@ -488,11 +466,11 @@ def test_out_y_and_residual_updates_the_residual_in_place_with_the_out_of_place_
     with left_unchanged(x=a["x"], weight=a["weight"]):
         result = rmsnorm.add_rms_norm(a["x"], residual, ns, a["weight"], EPS,
                                       weight_offset=offset, out=(y, residual))
-    assert_same_bytes(residual, h_expected, "the residual, updated to x + residual")
-    assert_same_bytes(y, y_expected, "out's output")
+    assert_same_bytes(residual, h_expected, what="the residual, updated to x + residual")
+    assert_same_bytes(y, y_expected, what="out's output")
     assert np.shares_memory(result[0], y) and np.shares_memory(result[1], residual)
-    assert_same_bytes(result[0], y_expected, "returned output")
-    assert_same_bytes(result[1], h_expected, "returned residual_out")
+    assert_same_bytes(result[0], y_expected, what="returned output")
+    assert_same_bytes(result[1], h_expected, what="returned residual_out")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -503,9 +481,9 @@ def test_out_none_and_x_writes_the_sum_over_x_with_the_out_of_place_values(pair,
     x = np.array(a["x"], order=order)
     with left_unchanged(residual=a["residual"], weight=a["weight"]):
         y, h = rmsnorm.add_rms_norm(x, a["residual"], ns, a["weight"], EPS, out=(None, x))
-    assert_same_bytes(x, h_expected, "x, overwritten with x + residual")
+    assert_same_bytes(x, h_expected, what="x, overwritten with x + residual")
     assert np.shares_memory(h, x) and not np.shares_memory(y, x)
-    assert_same_bytes(y, y_expected, "output")
+    assert_same_bytes(y, y_expected, what="output")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -516,8 +494,8 @@ def test_out_y_and_none_writes_only_the_output(pair):
     with left_unchanged(x=a["x"], residual=a["residual"], weight=a["weight"]):
         y_got, h = rmsnorm.add_rms_norm(a["x"], a["residual"], ns, a["weight"], EPS, out=(y, None))
     assert y_got is y
-    assert_same_bytes(y, y_expected, "output")
-    assert_same_bytes(h, h_expected, "residual_out")
+    assert_same_bytes(y, y_expected, what="output")
+    assert_same_bytes(h, h_expected, what="residual_out")
 
 
 @pytest.mark.parametrize("out", ["x-and-residual", "residual-and-x"])
@@ -529,8 +507,8 @@ def test_out_may_alias_both_inputs(out):
     x, residual = a["x"].copy(), a["residual"].copy()
     targets = (x, residual) if out == "x-and-residual" else (residual, x)
     rmsnorm.add_rms_norm(x, residual, 4096, a["weight"], EPS, out=targets)
-    assert_same_bytes(targets[0], y_expected, "output")
-    assert_same_bytes(targets[1], h_expected, "residual_out")
+    assert_same_bytes(targets[0], y_expected, what="output")
+    assert_same_bytes(targets[1], h_expected, what="residual_out")
 
 
 def test_out_arrays_interleaved_in_one_buffer_do_not_overlap_and_are_accepted():
@@ -540,8 +518,8 @@ def test_out_arrays_interleaved_in_one_buffer_do_not_overlap_and_are_accepted():
                                 out=(buffer[0::2], buffer[1::2]))
     y_expected, h_expected = rmsnorm.add_rms_norm(a["x"], a["residual"], 8, a["weight"], EPS)
     assert np.shares_memory(y, buffer) and np.shares_memory(h, buffer)
-    assert_same_bytes(buffer[0::2], y_expected, "output rows")
-    assert_same_bytes(buffer[1::2], h_expected, "residual_out rows")
+    assert_same_bytes(buffer[0::2], y_expected, what="output rows")
+    assert_same_bytes(buffer[1::2], h_expected, what="residual_out rows")
 
 
 def _peak_bytes(call) -> int:
@@ -617,7 +595,7 @@ def test_every_thread_count_gives_the_same_bytes(variant, pair, restore_num_thre
     for threads in (2, 3, 4):
         rmsnorm.set_num_threads(threads)
         for i, (got, want) in enumerate(zip(_outputs(VARIANTS[variant](a)), expected)):
-            assert_same_bytes(got, want, f"{variant} output {i} with {threads} threads")
+            assert_same_bytes(got, want, what=f"{variant} output {i} with {threads} threads")
 
 
 # ---------------------------------------------------------------------------
@@ -636,7 +614,7 @@ def test_forward_variants_give_the_same_bytes_on_every_instruction_set(
     rmsnorm._core._set_isa(isa)
     assert rmsnorm._core._isa()[0] == isa
     for i, (got, want) in enumerate(zip(_outputs(VARIANTS[variant](a)), expected)):
-        assert_same_bytes(got, want, f"{variant} output {i} on {isa}")
+        assert_same_bytes(got, want, what=f"{variant} output {i} on {isa}")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -683,7 +661,7 @@ def test_offset_keeps_the_bits_of_a_weight_too_small_for_one_plus_weight_in_floa
     weight = (2.0**-30 * rng.uniform(0.5, 1.0, n)).astype(w_dtype)
     if with_residual:
         y, h = rmsnorm.add_rms_norm(x, residual, n, weight, EPS, weight_offset=1.0)
-        assert_same_bytes(h, np.add(x, residual), "residual_out")
+        assert_same_bytes(h, np.add(x, residual), what="residual_out")
     else:
         y, h = rmsnorm.rms_norm(x, n, weight, EPS, weight_offset=1.0), x
     h64 = h.astype(np.float64)
@@ -692,7 +670,7 @@ def test_offset_keeps_the_bits_of_a_weight_too_small_for_one_plus_weight_in_floa
     without_weight = normalised.astype(np.float32)
     assert (expected != without_weight).any(), (
         "the weight's bits must matter, or this proves nothing")
-    assert_same_bytes(y, expected, "output with weight_offset=1.0 and a tiny weight")
+    assert_same_bytes(y, expected, what="output with weight_offset=1.0 and a tiny weight")
     if torch is not None:
         # torch's Gemma formula rounds 1 + w to float32 and loses those bits.
         ht = torch.from_numpy(h)
@@ -730,7 +708,7 @@ def test_offset_plus_an_exactly_representable_sum_is_the_plain_norm_with_that_we
                                           weight_offset=offset)
         plain_grads = rmsnorm.rms_norm_backward(a["grad_output"], a["x"], 300, summed, EPS)
     for got, want in zip(offset_result, plain_result):
-        assert_same_bytes(got, want, f"weight_offset={offset} vs weight {offset} + w")
+        assert_same_bytes(got, want, what=f"weight_offset={offset} vs weight {offset} + w")
     assert_grad_close(grads[0], plain_grads[0], what="grad_input")
     assert_grad_close(grads[1], plain_grads[1], what="grad_weight")
 
@@ -765,10 +743,10 @@ def test_grad_weight_is_the_same_bytes_for_every_offset(pair):
     plain = rmsnorm.backward(gy, x, w, eps)[1]
     for offset in (0.0, 1.0, -2.5):
         assert_same_bytes(rmsnorm.backward_offset(gy, x, w, offset, eps)[1], plain,
-                          f"grad_weight with offset {offset}")
+                          what=f"grad_weight with offset {offset}")
         assert_same_bytes(
             rmsnorm.add_backward_offset(gy, a["grad_residual_out"], x, w, offset, eps)[1], plain,
-            f"add_backward_offset grad_weight with offset {offset}")
+            what=f"add_backward_offset grad_weight with offset {offset}")
 
 
 @pytest.mark.parametrize("pair", PAIRS)
@@ -778,21 +756,21 @@ def test_offset_zero_is_the_plain_path(pair, offset):
     x, r, w, gy, gh = (a[k] for k in ("x", "residual", "weight", "grad_output",
                                       "grad_residual_out"))
     assert_same_bytes(rmsnorm.rms_norm(x, 129, w, EPS, weight_offset=offset),
-                      rmsnorm.rms_norm(x, 129, w, EPS), "rms_norm")
+                      rmsnorm.rms_norm(x, 129, w, EPS), what="rms_norm")
     for got, want in zip(rmsnorm.add_rms_norm(x, r, 129, w, EPS, weight_offset=offset),
                          rmsnorm.add_rms_norm(x, r, 129, w, EPS)):
-        assert_same_bytes(got, want, "add_rms_norm")
+        assert_same_bytes(got, want, what="add_rms_norm")
     for got, want in zip(rmsnorm.rms_norm_backward(gy, x, 129, w, EPS, weight_offset=offset),
                          rmsnorm.rms_norm_backward(gy, x, 129, w, EPS)):
-        assert_same_bytes(got, want, "rms_norm_backward")
+        assert_same_bytes(got, want, what="rms_norm_backward")
     for got, want in zip(rmsnorm.add_rms_norm_backward(gy, gh, x, 129, w, EPS,
                                                        weight_offset=offset),
                          rmsnorm.add_rms_norm_backward(gy, gh, x, 129, w, EPS)):
-        assert_same_bytes(got, want, "add_rms_norm_backward")
+        assert_same_bytes(got, want, what="add_rms_norm_backward")
     # and the gufuncs, whose offset is an operand
     for got, want in zip(rmsnorm.backward_offset(gy, x, w, float(offset), a["eps"]),
                          rmsnorm.backward(gy, x, w, a["eps"])):
-        assert_same_bytes(got, want, "backward_offset(offset=0)")
+        assert_same_bytes(got, want, what="backward_offset(offset=0)")
 
 
 @pytest.mark.parametrize("offset", [1, np.float32(1.0), np.int64(1), np.float64(1.0)],
@@ -801,21 +779,19 @@ def test_offset_takes_any_real_number(offset):
     a = block_arrays(("float32", "float32"), (3, 16), seed=21)
     assert_same_bytes(rmsnorm.rms_norm(a["x"], 16, a["weight"], EPS, weight_offset=offset),
                       rmsnorm.rms_norm(a["x"], 16, a["weight"], EPS, weight_offset=1.0),
-                      f"weight_offset={offset!r}")
+                      what=f"weight_offset={offset!r}")
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
 def test_module_with_offset_one_starts_as_plain_normalisation(dtype):
-    if dtype == "bfloat16" and BF16 is None:
-        pytest.skip("bfloat16 needs ml_dtypes")
     layer = rmsnorm.RMSNorm(33, eps=EPS, weight_offset=1.0, dtype=dtype)
     assert layer.weight.dtype == _dtype(dtype)
     assert not layer.weight.any() and not np.signbit(layer.weight.astype(np.float64)).any()
     a = block_arrays((dtype, dtype), (4, 33), seed=22)
-    assert_same_bytes(layer(a["x"]), rmsnorm.rms_norm(a["x"], 33, eps=EPS), "output")
+    assert_same_bytes(layer(a["x"]), rmsnorm.rms_norm(a["x"], 33, eps=EPS), what="output")
     y, h = layer(a["x"], a["residual"])
-    assert_same_bytes(h, np.add(a["x"], a["residual"]), "residual_out")
-    assert_same_bytes(y, rmsnorm.rms_norm(h, 33, eps=EPS), "output")
+    assert_same_bytes(h, np.add(a["x"], a["residual"]), what="residual_out")
+    assert_same_bytes(y, rmsnorm.rms_norm(h, 33, eps=EPS), what="output")
     layer.weight[...] = 3
     layer.reset_parameters()
     assert not layer.weight.any(), "reset_parameters must put the weight back to zeros"
@@ -959,7 +935,7 @@ def test_module_backward_with_grad_residual_after_a_plain_forward_is_a_value_err
         layer.backward(arrays["grad_output"], arrays["grad_residual_out"])
     # the failed call kept what forward saved: a correct backward still works
     expected, _ = rmsnorm.rms_norm_backward(arrays["grad_output"], arrays["x"], N, layer.weight)
-    assert_same_bytes(layer.backward(arrays["grad_output"]), expected, "grad_input")
+    assert_same_bytes(layer.backward(arrays["grad_output"]), expected, what="grad_input")
 
 
 def test_module_forward_and_backward_with_residual_write_to_no_argument(arrays):
@@ -998,7 +974,7 @@ def test_fused_forward_on_dask_arrays_is_lazy_and_computes_to_the_numpy_bytes(pa
     eager = calls[call](a["x"], a["residual"])
     for name, got, want in zip(("output", "residual_out"), computed, eager):
         assert isinstance(got, np.ndarray)
-        assert_same_bytes(got, want, f"{call} {name} on dask")
+        assert_same_bytes(got, want, what=f"{call} {name} on dask")
 
 
 # ---------------------------------------------------------------------------
@@ -1020,14 +996,14 @@ def test_module_residual_step_is_add_rms_norm_and_its_backward(pair, offset):
     y, h = layer.forward(a["x"], a["residual"])
     y_expected, h_expected = rmsnorm.add_rms_norm(a["x"], a["residual"], 64, layer.weight, EPS,
                                                   weight_offset=offset)
-    assert_same_bytes(y, y_expected, "output")
-    assert_same_bytes(h, h_expected, "residual_out")
+    assert_same_bytes(y, y_expected, what="output")
+    assert_same_bytes(h, h_expected, what="residual_out")
     grad_input = layer.backward(a["grad_output"], a["grad_residual_out"])
     expected_input, expected_weight = rmsnorm.add_rms_norm_backward(
         a["grad_output"], a["grad_residual_out"], h_expected, 64, layer.weight, EPS,
         weight_offset=offset)
-    assert_same_bytes(grad_input, expected_input, "grad_input")
-    assert_same_bytes(layer.weight_grad, expected_weight, "weight_grad")
+    assert_same_bytes(grad_input, expected_input, what="grad_input")
+    assert_same_bytes(layer.weight_grad, expected_weight, what="weight_grad")
 
 
 def test_module_backward_without_grad_residual_takes_it_as_zeros():
@@ -1037,8 +1013,8 @@ def test_module_backward_without_grad_residual_takes_it_as_zeros():
     grad_input = layer.backward(a["grad_output"])
     expected = rmsnorm.add_rms_norm_backward(a["grad_output"], np.zeros_like(h), h, 64,
                                              layer.weight, EPS, weight_offset=1.0)
-    assert_same_bytes(grad_input, expected[0], "grad_input")
-    assert_same_bytes(layer.weight_grad, expected[1], "weight_grad")
+    assert_same_bytes(grad_input, expected[0], what="grad_input")
+    assert_same_bytes(layer.weight_grad, expected[1], what="weight_grad")
 
 
 @pytest.mark.parametrize("pair", [PAIRS[2], PAIRS[1]])
@@ -1052,7 +1028,8 @@ def test_module_weight_grad_accumulates_over_residual_steps(pair):
         _, step = rmsnorm.add_rms_norm_backward(a["grad_output"], a["grad_residual_out"], h, 64,
                                                 layer.weight, EPS, weight_offset=1.0)
         total = step.copy() if total is None else total + step
-        assert_same_bytes(layer.weight_grad, total, f"weight_grad after the step with seed {seed}")
+        assert_same_bytes(layer.weight_grad, total,
+                          what=f"weight_grad after the step with seed {seed}")
 
 
 def test_module_pickled_after_a_residual_forward_drops_the_saved_sum_and_keeps_the_rest():
@@ -1062,16 +1039,16 @@ def test_module_pickled_after_a_residual_forward_drops_the_saved_sum_and_keeps_t
     copied = pickle.loads(pickle.dumps(layer))
     assert len(pickle.dumps(layer)) < layer.weight.nbytes + 2048, "the saved sum was pickled"
     assert copied.weight_offset == 1.0 and copied.weight_grad is None
-    assert_same_bytes(copied.weight, layer.weight, "weight")
+    assert_same_bytes(copied.weight, layer.weight, what="weight")
     with pytest.raises(ValueError, match="before forward"):
         copied.backward(a["grad_output"], a["grad_residual_out"])
     # the copy works from a fresh forward, and the original still has its sum
     for got, want in zip(copied(a["x"], a["residual"]), (y, h)):
-        assert_same_bytes(got, want, "the copy's forward")
+        assert_same_bytes(got, want, what="the copy's forward")
     expected, _ = rmsnorm.add_rms_norm_backward(a["grad_output"], a["grad_residual_out"], h, 64,
                                                 layer.weight, EPS, weight_offset=1.0)
     assert_same_bytes(layer.backward(a["grad_output"], a["grad_residual_out"]), expected,
-                      "the original's backward")
+                      what="the original's backward")
 
 
 def test_module_plain_forward_after_a_residual_forward_uses_its_own_input():
@@ -1081,7 +1058,7 @@ def test_module_plain_forward_after_a_residual_forward_uses_its_own_input():
     layer(a["x"], a["residual"])
     layer(a["x"])
     expected, _ = rmsnorm.rms_norm_backward(a["grad_output"], a["x"], 16, layer.weight, EPS)
-    assert_same_bytes(layer.backward(a["grad_output"]), expected, "grad_input")
+    assert_same_bytes(layer.backward(a["grad_output"]), expected, what="grad_input")
     with pytest.raises(ValueError, match="grad_residual"):
         layer(a["x"])
         layer.backward(a["grad_output"], a["grad_residual_out"])
@@ -1099,7 +1076,7 @@ def test_module_residual_step_matches_torch(offset):
     layer.weight[...] = a["weight"]
     y, h = layer(a["x"], a["residual"])
     assert_forward_close(y, expected["output"])
-    assert_same_bytes(h, expected["residual_out"], "residual_out")
+    assert_same_bytes(h, expected["residual_out"], what="residual_out")
     assert_grad_close(layer.backward(a["grad_output"], a["grad_residual_out"]),
                       expected["grad_input"], what="grad_input")
     assert_grad_close(layer.weight_grad, expected["grad_weight"], what="weight_grad")

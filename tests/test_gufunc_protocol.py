@@ -14,10 +14,10 @@ import pytest
 
 import rmsnorm
 from rmsnorm import reference
-from rmsnorm._dtypes import BF16
-from closeness import assert_close_ulp, reference_grad_scales
+from closeness import assert_close_ulp, assert_same_bytes, reference_grad_scales
+from layouts import column_slice
+from supported_dtypes import DTYPES, WIDE_DTYPES
 
-DTYPES = [np.float32, np.float64]
 # Row lengths around typical SIMD widths and tails, and a long row.
 ROW_LENGTHS = [1, 3, 8, 17, 64, 1000]
 
@@ -30,17 +30,6 @@ def reference_tolerance(dtype):
     """
     eps = float(np.finfo(dtype).eps)
     return (4 * eps if dtype == np.float32 else 8 * eps), 4 * eps
-
-
-def assert_bitwise_equal(actual, expected, what):
-    """Same shape, dtype and bits (NaNs included); otherwise the worst element."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    if np.array_equal(actual, expected, equal_nan=True):
-        return
-    assert_close_ulp(actual, expected, rtol=0.0, atol=0.0, what=what + " (expected bit-identical)")
-    raise AssertionError(f"{what}: not bit-identical (signed zeros differ?)")
 
 
 def assert_grads_match_reference(grad_input, grad_weight, grad_output, x, weight, eps, what=""):
@@ -91,7 +80,7 @@ def test_gufunc_has_float32_and_float64_loops(ufunc, loops):
         assert loop in types, f"{loop} missing from {types}"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 def test_forward_gufunc_matches_reference(n, dtype):
     x = make_rows((5, n), dtype)
@@ -103,7 +92,7 @@ def test_forward_gufunc_matches_reference(n, dtype):
                      check_dtype=False, what="forward")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 def test_backward_gufunc_matches_reference(n, dtype):
     x = make_rows((6, n), dtype)
@@ -115,7 +104,7 @@ def test_backward_gufunc_matches_reference(n, dtype):
     assert_grads_match_reference(grad_input, grad_weight, grad_output, x, weight, 1e-5)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_python_float_eps_keeps_the_input_loop(dtype):
     # NEP 50: a Python float is a weak scalar and must not promote float32.
     x = make_rows((2, 4), dtype)
@@ -128,7 +117,7 @@ def test_python_float_eps_keeps_the_input_loop(dtype):
 # Broadcasting over loop dimensions.
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_broadcasts_eps_over_loop_dims(dtype):
     n = 9
     x = make_rows((2, 3, n), dtype)
@@ -138,8 +127,8 @@ def test_forward_broadcasts_eps_over_loop_dims(dtype):
     assert y.shape == (2, 3, n)
     for i in range(2):
         for j in range(3):
-            assert_bitwise_equal(y[i, j], rmsnorm.forward(x[i, j], weight, eps[i, 0]),
-                                 f"row ({i}, {j})")
+            assert_same_bytes(y[i, j], rmsnorm.forward(x[i, j], weight, eps[i, 0]),
+                              what=f"row ({i}, {j})")
     rtol, atol = reference_tolerance(dtype)
     for i in range(2):
         expected = reference.rms_norm(x[i], (n,), weight, float(eps[i, 0]))
@@ -147,7 +136,7 @@ def test_forward_broadcasts_eps_over_loop_dims(dtype):
                          what=f"batch {i} with eps {eps[i, 0]}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_broadcasts_weight_over_loop_dims(dtype):
     n = 5
     x = make_rows((2, 3, n), dtype)
@@ -156,11 +145,11 @@ def test_forward_broadcasts_weight_over_loop_dims(dtype):
     assert y.shape == (2, 3, n)
     for i in range(2):
         for j in range(3):
-            assert_bitwise_equal(y[i, j], rmsnorm.forward(x[i, j], weights[j], 1e-6),
-                                 f"row ({i}, {j})")
+            assert_same_bytes(y[i, j], rmsnorm.forward(x[i, j], weights[j], 1e-6),
+                              what=f"row ({i}, {j})")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_broadcasts_one_row_against_many_weights(dtype):
     n = 6
     x = make_rows((n,), dtype)
@@ -168,7 +157,7 @@ def test_forward_broadcasts_one_row_against_many_weights(dtype):
     y = rmsnorm.forward(x, weights, 1e-5)
     assert y.shape == (4, 1, n)
     for k in range(4):
-        assert_bitwise_equal(y[k, 0], rmsnorm.forward(x, weights[k, 0], 1e-5), f"weight {k}")
+        assert_same_bytes(y[k, 0], rmsnorm.forward(x, weights[k, 0], 1e-5), what=f"weight {k}")
 
 
 # The forward makes the weight as its write passes read it (as floats for
@@ -184,8 +173,7 @@ OWN = {
 
 
 @pytest.mark.parametrize("own", OWN)
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16]
-                         + ([BF16] if BF16 is not None else []))
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rows_with_weights_or_offsets_of_their_own_give_each_rows_bytes_alone(dtype, own):
     rows, n = 20, 4097  # two chunks of rows
     rng = np.random.default_rng(11)
@@ -201,10 +189,10 @@ def test_rows_with_weights_or_offsets_of_their_own_give_each_rows_bytes_alone(dt
         row_offsets = np.broadcast_to(offsets, (rows,))
         alone = [rmsnorm.forward_offset(x[r], weights[r], row_offsets[r], eps) for r in range(rows)]
     for r in range(rows):
-        assert_bitwise_equal(y[r], alone[r], f"row {r}")
+        assert_same_bytes(y[r], alone[r], what=f"row {r}")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_broadcasts_over_a_leading_batch_dim_with_per_batch_grad_weight(dtype):
     b, m, n = 3, 4, 11
     x = make_rows((b, m, n), dtype)
@@ -216,14 +204,14 @@ def test_backward_broadcasts_over_a_leading_batch_dim_with_per_batch_grad_weight
     assert grad_weight.shape == (b, n)
     for k in range(b):
         gi_k, gw_k = rmsnorm.backward(grad_output[k], x[k], weight, eps[k])
-        assert_bitwise_equal(grad_input[k], gi_k, f"grad_input of batch {k}")
-        assert_bitwise_equal(grad_weight[k], gw_k, f"grad_weight of batch {k}")
+        assert_same_bytes(grad_input[k], gi_k, what=f"grad_input of batch {k}")
+        assert_same_bytes(grad_weight[k], gw_k, what=f"grad_weight of batch {k}")
     # grad_weight[k] is batch k's own sum over its m rows, not a sum over batches.
     assert_grads_match_reference(grad_input[1], grad_weight[1], grad_output[1], x[1], weight,
                                  float(eps[1]), what=" of batch 1")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_grad_weight_is_the_sum_over_rows(dtype):
     m, n = 7, 13
     x = make_rows((m, n), dtype)
@@ -240,15 +228,15 @@ def test_backward_grad_weight_is_the_sum_over_rows(dtype):
                      check_dtype=False, what="grad_weight vs sum of one-row grad_weights")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_with_no_rows_gives_zero_grad_weight(dtype):
     empty = np.zeros((0, 5), dtype)
     grad_input, grad_weight = rmsnorm.backward(empty, empty, np.ones(5, dtype), 1e-5)
     assert grad_input.shape == (0, 5)
-    assert_bitwise_equal(grad_weight, np.zeros(5, dtype), "grad_weight")
+    assert_same_bytes(grad_weight, np.zeros(5, dtype), what="grad_weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_with_no_rows_gives_empty_result(dtype):
     y = rmsnorm.forward(np.zeros((0, 5), dtype), np.ones(5, dtype), 1e-5)
     assert y.shape == (0, 5) and y.dtype == dtype
@@ -259,7 +247,7 @@ def test_forward_with_no_rows_gives_empty_result(dtype):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("out_layout", ["contiguous", "strided", "tuple"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_out_gives_the_same_result_in_place(dtype, out_layout):
     x = make_rows((4, 10), dtype)
     weight = make_rows((10,), dtype, seed=1)
@@ -270,10 +258,10 @@ def test_forward_out_gives_the_same_result_in_place(dtype, out_layout):
         out = np.full((4, 10), -7.0, dtype)
     result = rmsnorm.forward(x, weight, 1e-5, out=(out,) if out_layout == "tuple" else out)
     assert result is out
-    assert_bitwise_equal(out, expected, "out")
+    assert_same_bytes(out, expected, what="out")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_out_gives_the_same_results_in_place(dtype):
     x = make_rows((4, 10), dtype)
     grad_output = make_rows((4, 10), dtype, seed=1)
@@ -284,8 +272,8 @@ def test_backward_out_gives_the_same_results_in_place(dtype):
     gw_out = np.full((10,), 3.0, dtype)
     gi, gw = rmsnorm.backward(grad_output, x, weight, 1e-5, out=(gi_out, gw_out))
     assert gi is gi_out and gw is gw_out
-    assert_bitwise_equal(gi_out, gi_expected, "grad_input out")
-    assert_bitwise_equal(gw_out, gw_expected, "grad_weight out")
+    assert_same_bytes(gi_out, gi_expected, what="grad_input out")
+    assert_same_bytes(gw_out, gw_expected, what="grad_weight out")
 
 
 def test_forward_out_may_alias_the_input():
@@ -293,20 +281,20 @@ def test_forward_out_may_alias_the_input():
     weight = make_rows((17,), np.float64, seed=1)
     expected = rmsnorm.forward(x, weight, 1e-5)
     rmsnorm.forward(x, weight, 1e-5, out=x)
-    assert_bitwise_equal(x, expected, "in-place forward")
+    assert_same_bytes(x, expected, what="in-place forward")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_axes_normalises_along_axis_0(dtype):
     x = make_rows((12, 5), dtype)  # rows of length 12 along axis 0
     weight = make_rows((12,), dtype, seed=1)
     y = rmsnorm.forward(x, weight, 1e-5, axes=[(0,), (0,), (), (0,)])
     assert y.shape == (12, 5)
-    assert_bitwise_equal(y, rmsnorm.forward(np.ascontiguousarray(x.T), weight, 1e-5).T,
-                         "forward with axes")
+    assert_same_bytes(y, rmsnorm.forward(np.ascontiguousarray(x.T), weight, 1e-5).T,
+                      what="forward with axes")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_axes_normalises_along_axis_0(dtype):
     n, m = 12, 5
     x = make_rows((n, m), dtype)
@@ -316,8 +304,8 @@ def test_backward_axes_normalises_along_axis_0(dtype):
                               axes=[(1, 0), (1, 0), (0,), (), (1, 0), (0,)])
     gi_t, gw_t = rmsnorm.backward(np.ascontiguousarray(grad_output.T), np.ascontiguousarray(x.T),
                                   weight, 1e-5)
-    assert_bitwise_equal(gi, gi_t.T, "grad_input with axes")
-    assert_bitwise_equal(gw, gw_t, "grad_weight with axes")
+    assert_same_bytes(gi, gi_t.T, what="grad_input with axes")
+    assert_same_bytes(gw, gw_t, what="grad_weight with axes")
 
 
 def test_forward_dtype_float64_upcasts_float32_operands():
@@ -325,8 +313,8 @@ def test_forward_dtype_float64_upcasts_float32_operands():
     weight = make_rows((7,), np.float32, seed=1)
     y = rmsnorm.forward(x, weight, 1e-5, dtype=np.float64)
     assert y.dtype == np.float64
-    assert_bitwise_equal(y, rmsnorm.forward(x.astype(np.float64), weight.astype(np.float64), 1e-5),
-                         "forward with dtype=float64")
+    assert_same_bytes(y, rmsnorm.forward(x.astype(np.float64), weight.astype(np.float64), 1e-5),
+                      what="forward with dtype=float64")
 
 
 def test_backward_dtype_float64_upcasts_float32_operands():
@@ -336,8 +324,8 @@ def test_backward_dtype_float64_upcasts_float32_operands():
     gi, gw = rmsnorm.backward(grad_output, x, weight, 1e-5, dtype=np.float64)
     gi64, gw64 = rmsnorm.backward(grad_output.astype(np.float64), x.astype(np.float64),
                                   weight.astype(np.float64), 1e-5)
-    assert_bitwise_equal(gi, gi64, "grad_input with dtype=float64")
-    assert_bitwise_equal(gw, gw64, "grad_weight with dtype=float64")
+    assert_same_bytes(gi, gi64, what="grad_input with dtype=float64")
+    assert_same_bytes(gw, gw64, what="grad_weight with dtype=float64")
 
 
 def test_float64_weight_with_float32_input_keeps_float32_output():
@@ -347,7 +335,7 @@ def test_float64_weight_with_float32_input_keeps_float32_output():
     y = rmsnorm.forward(x, weight, 1e-5)
     assert y.dtype == np.float32
     expected = rmsnorm.forward(x.astype(np.float64), weight, np.float64(np.float32(1e-5)))
-    assert_bitwise_equal(y, expected.astype(np.float32), "rounded once from float64")
+    assert_same_bytes(y, expected.astype(np.float32), what="rounded once from float64")
 
 
 def test_float32_weight_with_float64_input_promotes_to_float64():
@@ -355,7 +343,7 @@ def test_float32_weight_with_float64_input_promotes_to_float64():
     weight = make_rows((5,), np.float32, seed=1)
     y = rmsnorm.forward(x, weight, 1e-5)
     assert y.dtype == np.float64
-    assert_bitwise_equal(y, rmsnorm.forward(x, weight.astype(np.float64), 1e-5), "promoted")
+    assert_same_bytes(y, rmsnorm.forward(x, weight.astype(np.float64), 1e-5), what="promoted")
 
 
 def test_casting_no_rejects_mixed_dtypes():
@@ -366,12 +354,12 @@ def test_casting_no_rejects_mixed_dtypes():
         rmsnorm.backward(x, x, np.ones(5, np.float32), np.float64(1e-5), casting="no")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_casting_no_accepts_matching_dtypes(dtype):
     x = make_rows((2, 5), dtype)
     eps = np.array(1e-5, dtype)
     y = rmsnorm.forward(x, np.ones(5, dtype), eps, casting="no")
-    assert_bitwise_equal(y, rmsnorm.forward(x, np.ones(5, dtype), eps), "casting='no'")
+    assert_same_bytes(y, rmsnorm.forward(x, np.ones(5, dtype), eps), what="casting='no'")
     rmsnorm.backward(x, x, np.ones(5, dtype), eps, casting="no")
 
 
@@ -385,14 +373,8 @@ def test_casting_safe_rejects_float64_output_into_float32_out():
 # Strided operands: bit-identical to contiguous copies.
 # ---------------------------------------------------------------------------
 
-def _column_slice(a):
-    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
-    wide[..., ::2] = a
-    return wide[..., ::2]
-
-
 STRIDED = {
-    "column_slice": _column_slice,
+    "column_slice": column_slice,
     "negative_strides": lambda a: np.ascontiguousarray(a[:, ::-1])[:, ::-1],
     "fortran_order": np.asfortranarray,
     "row_slice": lambda a: np.repeat(a, 2, axis=0)[::2],
@@ -402,33 +384,33 @@ STRIDED = {
 STRIDED_WEIGHT = {
     "contiguous": lambda w: w,
     "stride_0_scalar": lambda w: np.broadcast_to(w[:1], w.shape),
-    "column_slice": lambda w: _column_slice(w[None])[0],
+    "column_slice": lambda w: column_slice(w[None])[0],
     "negative_stride": lambda w: np.ascontiguousarray(w[::-1])[::-1],
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", [3, 17, 1000])
 @pytest.mark.parametrize("x_layout", list(STRIDED))
 def test_forward_strided_input_is_bit_identical_to_contiguous(x_layout, n, dtype):
     x = STRIDED[x_layout](make_rows((5, n), dtype))
     weight = make_rows((n,), dtype, seed=1)
     assert not x.flags.c_contiguous
-    assert_bitwise_equal(rmsnorm.forward(x, weight, 1e-5),
-                         rmsnorm.forward(np.ascontiguousarray(x), weight, 1e-5),
-                         f"forward on {x_layout} input")
+    assert_same_bytes(rmsnorm.forward(x, weight, 1e-5),
+                      rmsnorm.forward(np.ascontiguousarray(x), weight, 1e-5),
+                      what=f"forward on {x_layout} input")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", [3, 17, 1000])
 @pytest.mark.parametrize("weight_layout", [k for k in STRIDED_WEIGHT if k != "contiguous"])
 def test_forward_strided_weight_is_bit_identical_to_contiguous(weight_layout, n, dtype):
     x = make_rows((5, n), dtype)
     weight = STRIDED_WEIGHT[weight_layout](make_rows((n,), dtype, seed=1))
     assert not weight.flags.c_contiguous
-    assert_bitwise_equal(rmsnorm.forward(x, weight, 1e-5),
-                         rmsnorm.forward(x, np.ascontiguousarray(weight), 1e-5),
-                         f"forward with {weight_layout} weight")
+    assert_same_bytes(rmsnorm.forward(x, weight, 1e-5),
+                      rmsnorm.forward(x, np.ascontiguousarray(weight), 1e-5),
+                      what=f"forward with {weight_layout} weight")
 
 
 def test_forward_with_stride_0_weight_of_a_scalar_matches_reference():
@@ -441,7 +423,7 @@ def test_forward_with_stride_0_weight_of_a_scalar_matches_reference():
                      atol=atol, what="forward with stride-0 weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("n", [3, 17, 1000])
 @pytest.mark.parametrize("layout", list(STRIDED))
 def test_backward_strided_operands_are_bit_identical_to_contiguous(layout, n, dtype):
@@ -451,11 +433,11 @@ def test_backward_strided_operands_are_bit_identical_to_contiguous(layout, n, dt
     gi, gw = rmsnorm.backward(grad_output, x, weight, 1e-5)
     gi_c, gw_c = rmsnorm.backward(np.ascontiguousarray(grad_output), np.ascontiguousarray(x),
                                   weight, 1e-5)
-    assert_bitwise_equal(gi, gi_c, f"grad_input on {layout} operands")
-    assert_bitwise_equal(gw, gw_c, f"grad_weight on {layout} operands")
+    assert_same_bytes(gi, gi_c, what=f"grad_input on {layout} operands")
+    assert_same_bytes(gw, gw_c, what=f"grad_weight on {layout} operands")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("weight_layout", [k for k in STRIDED_WEIGHT if k != "contiguous"])
 def test_backward_strided_weight_is_bit_identical_to_contiguous(weight_layout, dtype):
     n = 33
@@ -464,11 +446,11 @@ def test_backward_strided_weight_is_bit_identical_to_contiguous(weight_layout, d
     weight = STRIDED_WEIGHT[weight_layout](make_rows((n,), dtype, seed=2))
     gi, gw = rmsnorm.backward(grad_output, x, weight, 1e-5)
     gi_c, gw_c = rmsnorm.backward(grad_output, x, np.ascontiguousarray(weight), 1e-5)
-    assert_bitwise_equal(gi, gi_c, f"grad_input with {weight_layout} weight")
-    assert_bitwise_equal(gw, gw_c, f"grad_weight with {weight_layout} weight")
+    assert_same_bytes(gi, gi_c, what=f"grad_input with {weight_layout} weight")
+    assert_same_bytes(gw, gw_c, what=f"grad_weight with {weight_layout} weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_strided_grad_weight_out_is_bit_identical(dtype):
     x = make_rows((5, 9), dtype)
     grad_output = make_rows((5, 9), dtype, seed=1)
@@ -477,8 +459,8 @@ def test_backward_strided_grad_weight_out_is_bit_identical(dtype):
     gi_out = np.zeros((9, 5), dtype).T
     rmsnorm.backward(grad_output, x, weight, 1e-5, out=(gi_out, gw_out))
     gi, gw = rmsnorm.backward(grad_output, x, weight, 1e-5)
-    assert_bitwise_equal(gi_out, gi, "strided grad_input out")
-    assert_bitwise_equal(gw_out, gw, "strided grad_weight out")
+    assert_same_bytes(gi_out, gi, what="strided grad_input out")
+    assert_same_bytes(gw_out, gw, what="strided grad_weight out")
 
 
 # ---------------------------------------------------------------------------
@@ -494,7 +476,7 @@ def test_set_num_threads_is_read_back(threads, restore_num_threads):
 # Many chunks of rows, and the two chunks of the smallest problem that
 # threads share (csrc/kernels/rms_norm.c).
 @pytest.mark.parametrize("shape", [(1031, 257), (32, 4096)])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_results_do_not_depend_on_the_thread_count(dtype, shape, restore_num_threads):
     x = make_rows(shape, dtype)
     grad_output = make_rows(shape, dtype, seed=1)
@@ -506,7 +488,7 @@ def test_results_do_not_depend_on_the_thread_count(dtype, shape, restore_num_thr
         results.append((y, *rmsnorm.backward(grad_output, x, weight, 1e-5)))
     for threads, other in zip((2, 4), results[1:]):
         for name, a, b in zip(("y", "grad_input", "grad_weight"), other, results[0]):
-            assert_bitwise_equal(a, b, f"{name} with {threads} threads vs 1")
+            assert_same_bytes(a, b, what=f"{name} with {threads} threads vs 1")
 
 
 # ---------------------------------------------------------------------------
@@ -529,7 +511,7 @@ def restore_isa():
 
 
 @pytest.mark.skipif(not _supported_isas(), reason="the build exposes no instruction-set switch")
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("isa", _supported_isas() or ["none"])
 def test_every_instruction_set_matches_reference_and_its_own_strided_path(isa, dtype, restore_isa):
     restore_isa._set_isa(isa)
@@ -546,9 +528,9 @@ def test_every_instruction_set_matches_reference_and_its_own_strided_path(isa, d
         assert_grads_match_reference(gi, gw, grad_output, x, weight, 1e-5,
                                      what=f" on {isa}, n={n}")
         # The strided path of the same instruction set agrees bit for bit.
-        x_strided = _column_slice(x)
-        assert_bitwise_equal(rmsnorm.forward(x_strided, weight, 1e-5), y,
-                             f"strided forward on {isa}, n={n}")
-        gi_s, gw_s = rmsnorm.backward(_column_slice(grad_output), x_strided, weight, 1e-5)
-        assert_bitwise_equal(gi_s, gi, f"strided grad_input on {isa}, n={n}")
-        assert_bitwise_equal(gw_s, gw, f"strided grad_weight on {isa}, n={n}")
+        x_strided = column_slice(x)
+        assert_same_bytes(rmsnorm.forward(x_strided, weight, 1e-5), y,
+                          what=f"strided forward on {isa}, n={n}")
+        gi_s, gw_s = rmsnorm.backward(column_slice(grad_output), x_strided, weight, 1e-5)
+        assert_same_bytes(gi_s, gi, what=f"strided grad_input on {isa}, n={n}")
+        assert_same_bytes(gw_s, gw, what=f"strided grad_weight on {isa}, n={n}")

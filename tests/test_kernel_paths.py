@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import rmsnorm
-from closeness import ulp_distance
-from rmsnorm._dtypes import BF16
+from closeness import assert_same_bytes, ulp_distance
+from supported_dtypes import DTYPE_PAIRS, DTYPES, NUMPY_DTYPES, WIDE_DTYPES
 
 SUPPORTED_ISAS = rmsnorm._core._isa()[1]
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 64, 1000, 4099])
 def test_every_instruction_set_is_within_one_ulp_of_the_baseline(isa, dtype, n):
     rng = np.random.default_rng(n)
@@ -53,7 +53,7 @@ def test_rmsnorm_isa_cannot_ask_for_more_than_the_cpu_has():
 
 
 @pytest.mark.parametrize("threads", [1, 2], ids=lambda n: f"threads={n}")
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype, threads,
                                                                         restore_num_threads):
     # Past 16 MiB the kernels write with non-temporal stores, and ask for the
@@ -68,18 +68,16 @@ def test_outputs_too_large_for_cache_give_the_same_bytes_as_small_calls(dtype, t
     y = rmsnorm.forward(x, w, eps)
     grad_input, grad_weight = rmsnorm.backward(x, x, w, eps)
     pieces = range(0, x.shape[0], 100)
-    np.testing.assert_array_equal(y, np.concatenate([rmsnorm.forward(x[i:i + 100], w, eps)
-                                                     for i in pieces]))
-    np.testing.assert_array_equal(grad_input, np.concatenate(
-        [rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[0] for i in pieces]))
+    small_y = [rmsnorm.forward(x[i:i + 100], w, eps) for i in pieces]
+    small_grad_input = [rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[0] for i in pieces]
+    assert_same_bytes(y, np.concatenate(small_y), what="y")
+    assert_same_bytes(grad_input, np.concatenate(small_grad_input), what="grad_input")
     np.testing.assert_allclose(grad_weight, sum(rmsnorm.backward(x[i:i + 100], x[i:i + 100], w, eps)[1]
                                                 for i in pieces), rtol=1e-5)
 
 
-@pytest.mark.parametrize(("x_dtype", "w_dtype"), [(np.float16, np.float16), (np.float32, np.float32),
-                                                  (np.float64, np.float64), (np.float16, np.float32),
-                                                  (np.float32, np.float64)],
-                         ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(("x_dtype", "w_dtype"),
+                         [(x, w) for x, w in DTYPE_PAIRS if x in NUMPY_DTYPES])  # all but bfloat16
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 4099])
 def test_a_row_gives_the_same_bytes_alone_as_among_others(x_dtype, w_dtype, n):
     # Contiguous rows reduce the next row while writing this one; one row
@@ -94,8 +92,8 @@ def test_a_row_gives_the_same_bytes_alone_as_among_others(x_dtype, w_dtype, n):
     strided_x[...] = x
     strided_y = np.zeros((6, 2 * n), x_dtype)[:, ::2]
     rmsnorm.forward(strided_x, w, eps, out=strided_y)
-    np.testing.assert_array_equal(together, alone)
-    np.testing.assert_array_equal(together, strided_y)
+    assert_same_bytes(alone, together, what="rows one at a time")
+    assert_same_bytes(strided_y, together, what="strided rows")
 
 
 def _at_byte_offset(shape: tuple[int, ...], dtype: type, offset: int) -> np.ndarray:
@@ -115,10 +113,7 @@ def _bytes_around(array: np.ndarray) -> np.ndarray:
     return np.concatenate([buffer[:start], buffer[start + array.nbytes:]])
 
 
-OFFSET_DTYPES = [np.float16, np.float32, np.float64] + ([BF16] if BF16 is not None else [])
-
-
-@pytest.mark.parametrize("dtype", OFFSET_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [0, 1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 60])
 @pytest.mark.parametrize("shape", [(3, 301), (5, 1552)], ids=str)
 def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset, shape):
@@ -145,22 +140,16 @@ def test_where_the_arrays_lie_in_memory_changes_no_byte(dtype, offset, shape):
     rmsnorm.backward(moved["dy"], moved["x"], w, eps, out=(grad_input, grad_weight))
     rmsnorm.add_backward(moved["dy"], moved["dh"], moved["x"], w, eps,
                          out=(fused_grad_input, fused_grad_weight))
-    np.testing.assert_array_equal(y, expected)
-    np.testing.assert_array_equal(grad_input, expected_grads[0])
-    np.testing.assert_array_equal(grad_weight, expected_grads[1])
-    np.testing.assert_array_equal(fused_grad_input, expected_fused[0])
-    np.testing.assert_array_equal(fused_grad_weight, expected_fused[1])
+    assert_same_bytes(y, expected, what="y")
+    assert_same_bytes(grad_input, expected_grads[0], what="grad_input")
+    assert_same_bytes(grad_weight, expected_grads[1], what="grad_weight")
+    assert_same_bytes(fused_grad_input, expected_fused[0], what="fused grad_input")
+    assert_same_bytes(fused_grad_weight, expected_fused[1], what="fused grad_weight")
     for output in (y, grad_input, fused_grad_input):
         assert (_bytes_around(output) == 0xA5).all()
 
 
-DIRECT_DTYPES = [(np.float16, np.float16), (np.float16, np.float32), (np.float32, np.float32),
-                 (np.float32, np.float64), (np.float64, np.float64)]
-if BF16 is not None:  # the bfloat16 loops exist only with ml_dtypes
-    DIRECT_DTYPES += [(BF16, BF16), (BF16, np.float32)]
-
-
-@pytest.mark.parametrize(("x_dtype", "w_dtype"), DIRECT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize(("x_dtype", "w_dtype"), DTYPE_PAIRS)
 @pytest.mark.parametrize("shape", [(7,), (1, 4096), (3, 5), (2, 3, 70), (0, 4)], ids=str)
 def test_rms_norms_direct_call_gives_the_gufuncs_bytes(x_dtype, w_dtype, shape):
     # rms_norm skips the ufunc machinery for plain arrays; it runs the same
@@ -173,7 +162,7 @@ def test_rms_norms_direct_call_gives_the_gufuncs_bytes(x_dtype, w_dtype, shape):
     expected = rmsnorm.forward(x, w, eps)
     assert direct is not None
     assert direct.dtype == expected.dtype and direct.flags.c_contiguous
-    np.testing.assert_array_equal(direct, expected)
+    assert_same_bytes(direct, expected, what="direct call")
 
 
 class _Subclass(np.ndarray):

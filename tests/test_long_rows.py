@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import rmsnorm
-from rmsnorm._dtypes import BF16
+from closeness import assert_same_bytes
+from supported_dtypes import DTYPES
 
 TILE = 4096
 # rows x n: 15 rows a chunk (two chunks), 7 a chunk, and one row a chunk;
 # none of the lengths a multiple of a vector
 SHAPES = [(20, TILE + 1), (9, 2 * TILE + 5), (8, 17 * TILE + 3)]
-DTYPES = [np.float32, np.float64, np.float16] + ([BF16] if BF16 is not None else [])
 VARIANTS = ["plain", "residual", "offset", "strided"]
 
 
@@ -84,7 +84,7 @@ def test_grad_input_of_a_long_row_is_the_bytes_it_gives_alone(isa, shape, dtype,
     with np.errstate(all="ignore"):
         grad_input = backward(variant, grad_output, x, weight, eps, grad_residual)[0]
         alone = row_by_row(variant, grad_output, x, weight, eps, grad_residual)
-    assert grad_input.tobytes() == alone.tobytes()
+    assert_same_bytes(grad_input, alone, what="grad_input")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -113,10 +113,12 @@ def test_grad_weight_of_long_rows_is_the_same_bytes_at_any_thread_count(
     for threads in (1, 2, 3, 8):
         rmsnorm.set_num_threads(threads)
         grad_input, grad_weight = backward(variant, grad_output, x, weight, eps, grad_residual)
-        results[threads] = grad_input.tobytes(), grad_weight.tobytes()
+        results[threads] = grad_input, grad_weight
     for threads in (2, 3, 8):
-        assert results[threads][0] == results[1][0], f"grad_input, {threads} threads vs 1"
-        assert results[threads][1] == results[1][1], f"grad_weight, {threads} threads vs 1"
+        assert_same_bytes(results[threads][0], results[1][0],
+                          what=f"grad_input, {threads} threads vs 1")
+        assert_same_bytes(results[threads][1], results[1][1],
+                          what=f"grad_weight, {threads} threads vs 1")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -18,9 +18,9 @@ import torch
 import rmsnorm
 from rmsnorm import reference
 from closeness import assert_close_ulp, assert_forward_close, assert_grad_close
+from supported_dtypes import NUMPY_DTYPES, WIDE_DTYPES
 
 TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
-DTYPES = [np.float32, np.float64]
 
 
 REPR_CONFIGS = [
@@ -85,7 +85,7 @@ def test_weight_starts_as_float32_ones_like_torch(normalized_shape):
     assert np.array_equal(ours.weight, theirs)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_weight_takes_the_dtype_argument(dtype):
     ours = rmsnorm.RMSNorm((2, 3), dtype=dtype)
     assert ours.weight.dtype == dtype
@@ -102,7 +102,7 @@ def test_weight_grad_is_none_before_any_backward():
     assert rmsnorm.RMSNorm(5).weight_grad is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_reset_parameters_sets_weight_back_to_ones(dtype):
     ours = rmsnorm.RMSNorm((2, 3), dtype=dtype)
     ours.weight[...] = np.arange(6).reshape(2, 3)
@@ -118,7 +118,7 @@ def test_reset_parameters_without_weight_keeps_weight_none():
     assert ours.weight is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_call_and_forward_match_the_functional(dtype):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 4, 5)).astype(dtype)
@@ -152,7 +152,7 @@ def _torch_step(module, x, grad_output):
     return x_t.grad.numpy()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_accumulates_weight_grad_over_two_calls_like_torch(dtype):
     ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
     rng = np.random.default_rng(1)
@@ -171,7 +171,7 @@ def test_backward_accumulates_weight_grad_over_two_calls_like_torch(dtype):
     assert not np.allclose(ours.weight_grad, last_only, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_zero_grad_clears_weight_grad_and_the_next_backward_starts_fresh(dtype):
     ours, theirs = _torch_module_pair((2, 3), dtype)
     rng = np.random.default_rng(2)
@@ -192,7 +192,7 @@ def test_zero_grad_clears_weight_grad_and_the_next_backward_starts_fresh(dtype):
     assert_grad_close(ours.weight_grad, theirs.weight.grad.numpy(), what="weight_grad")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_uses_the_most_recent_forward(dtype):
     ours = rmsnorm.RMSNorm(8, eps=1e-5, dtype=dtype)
     rng = np.random.default_rng(3)
@@ -237,7 +237,7 @@ def test_state_dict_is_empty_without_weight_like_torch():
     assert dict(torch.nn.RMSNorm(3, elementwise_affine=False).state_dict()) == {}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_torch_state_dict_loads_into_ours(dtype):
     theirs = torch.nn.RMSNorm((3, 4), eps=1e-5, dtype=TORCH_DTYPE[np.dtype(dtype)])
     with torch.no_grad():
@@ -253,7 +253,7 @@ def test_torch_state_dict_loads_into_ours(dtype):
                          what="output after loading torch's state_dict")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_our_state_dict_loads_into_torch(dtype):
     ours = rmsnorm.RMSNorm(6, dtype=dtype)
     weight = np.random.default_rng(6).standard_normal(6).astype(dtype)
@@ -291,7 +291,6 @@ def test_load_state_dict_copies_the_weight():
     ours.load_state_dict({"weight": source})
     source[0] = 99.0
     assert ours.weight[0] == 1.0
-
 
 
 # Each case: the layer's affine flag, the state dict (as NumPy arrays), strict.
@@ -400,7 +399,7 @@ def test_requires_grad_sets_the_flag_and_returns_the_module_like_torch(requires_
     assert ours.requires_grad_() is ours and ours.weight_requires_grad is True
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_without_requires_grad_backward_accumulates_no_weight_grad_like_torch(dtype):
     ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
     ours.requires_grad_(False)
@@ -410,7 +409,7 @@ def test_without_requires_grad_backward_accumulates_no_weight_grad_like_torch(dt
     assert_grad_close(grad_input, grad_input_torch, what="grad_input without requires_grad")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_requires_grad_off_keeps_the_gradient_so_far_and_on_again_adds_to_it_like_torch(dtype):
     ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
     _step_both(ours, theirs, seed=11)
@@ -468,7 +467,7 @@ def test_train_rejects_a_non_bool_mode_like_torch(mode):
     assert ours.training is True
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_eval_mode_computes_what_training_mode_does_like_torch(dtype):
     ours, theirs = _torch_module_pair(6, dtype, eps=1e-5)
     x = np.random.default_rng(14).standard_normal((3, 6)).astype(dtype)
@@ -499,7 +498,7 @@ parametrize_conversion = pytest.mark.parametrize("conversion", [
 
 
 @parametrize_conversion
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_conversion_gives_the_weight_torchs_dtype_and_values(conversion, dtype):
     ours, theirs = _torch_module_pair((2, 3), dtype)
     convert, convert_torch = CONVERSIONS[conversion]
@@ -534,7 +533,7 @@ def test_conversion_without_weight_returns_the_module_like_torch(conversion):
     assert ours.weight is None and theirs.weight is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_conversion_to_the_same_dtype_keeps_the_weight_like_torch(dtype):
     ours, theirs = _torch_module_pair(4, dtype)
     before, before_torch = ours.weight, theirs.weight.data_ptr()
@@ -614,7 +613,7 @@ def test_backward_after_a_conversion_uses_the_saved_input_like_torch(conversion)
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_zero_grad_matches_torch(dtype, set_to_none):
     ours, theirs = _torch_module_pair((2, 3), dtype)
     _step_both(ours, theirs, seed=17, shape=(5, 2, 3))
@@ -712,7 +711,7 @@ def test_assigning_none_removes_the_weight_like_torch(affine):
 
 
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 def test_an_assigned_weight_is_used_and_differentiated_like_torch(affine, dtype):
     ours, theirs = _torch_module_pair(6, np.float32, eps=1e-5, affine=affine)
     weight = np.random.default_rng(21).standard_normal(6).astype(dtype)

@@ -17,8 +17,9 @@ import torch
 
 import rmsnorm
 from closeness import assert_forward_close, assert_grad_close
+from layouts import column_slice
+from supported_dtypes import WIDE_DTYPES
 
-DTYPES = [np.float32, np.float64]
 TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 EPSILONS = [None, 1e-6, 1e-5, 0.5, -0.5]
 SIZES = [1, 3, 7, 64, 127, 1000, 4096, 8192]
@@ -116,7 +117,7 @@ parametrize_functional = pytest.mark.parametrize(
         pytest.param(dtype, case, eps, affine,
                      id=f"{_id(dtype)}-{shape_case_id(case)}-{eps_id(eps)}-"
                         f"{'affine' if affine else 'no_weight'}")
-        for dtype in DTYPES
+        for dtype in WIDE_DTYPES
         for case in SHAPE_CASES
         for eps in EPSILONS
         for affine in (True, False)
@@ -155,7 +156,7 @@ def test_grad_weight_matches_torch_autograd(dtype, case, eps, affine):
     assert_grad_close(grad_weight, grad_weight_torch, what="grad_weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_id)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES, ids=_id)
 @pytest.mark.parametrize("n", [1, 7, 1000])
 def test_int_normalized_shape_matches_torch_list(dtype, n):
     x, weight, grad_output = make_inputs((3, n), (n,), dtype, 1e-5)
@@ -173,13 +174,6 @@ def test_int_normalized_shape_matches_torch_list(dtype, n):
 def _transposed(a):
     """Same values, Fortran order (a transposed view of a contiguous array)."""
     return np.ascontiguousarray(a.T).T
-
-
-def _column_slice(a):
-    """Same values, every other column of a wider array."""
-    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)
-    wide[..., ::2] = a
-    return wide[..., ::2]
 
 
 def _row_slice(a):
@@ -202,7 +196,7 @@ def _broadcast_row(a):
 LAYOUTS = {
     "contiguous": lambda a: a,
     "transposed": _transposed,
-    "column_slice": _column_slice,
+    "column_slice": column_slice,
     "row_slice": _row_slice,
     "negative_strides": _reversed,
     "broadcast": _broadcast_row,
@@ -217,7 +211,7 @@ def _check_layout(layout, array):
 
 
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=_id)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES, ids=_id)
 @pytest.mark.parametrize("n", [7, 127])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_forward_and_grads_match_torch_for_layout(layout, n, dtype, affine):
@@ -238,13 +232,13 @@ def test_forward_and_grads_match_torch_for_layout(layout, n, dtype, affine):
         assert grad_weight is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_id)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES, ids=_id)
 @pytest.mark.parametrize("weight_layout", ["column_slice", "negative_stride"])
 def test_forward_and_grads_match_torch_for_strided_weight(weight_layout, dtype):
     n = 33
     x, weight, grad_output = make_inputs((4, n), (n,), dtype, None, seed=2)
     if weight_layout == "column_slice":
-        strided_weight = _column_slice(weight[None, :])[0]
+        strided_weight = column_slice(weight[None, :])[0]
     else:
         strided_weight = np.ascontiguousarray(weight[::-1])[::-1]
     assert not strided_weight.flags.c_contiguous
@@ -256,7 +250,7 @@ def test_forward_and_grads_match_torch_for_strided_weight(weight_layout, dtype):
     assert_grad_close(grad_weight, gw_torch, what="grad_weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_id)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES, ids=_id)
 def test_forward_and_grads_match_torch_for_permuted_3d_input(dtype):
     # A (3, 4, 5) view of a (5, 4, 3) array: the two normalised dims cannot be
     # folded without a copy.
@@ -277,7 +271,7 @@ def test_forward_and_grads_match_torch_for_permuted_3d_input(dtype):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=_id)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES, ids=_id)
 @pytest.mark.parametrize("case", [((0, 1), (1,)), ((0, 7), (7,)), ((2, 0, 5), (5,)),
                                   ((0, 3, 4), (3, 4))], ids=shape_case_id)
 def test_empty_batch_matches_torch(case, dtype, affine):
@@ -300,7 +294,7 @@ def test_empty_batch_matches_torch(case, dtype, affine):
 
 
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=_id)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES, ids=_id)
 def test_all_zero_row_with_zero_eps_gives_nan_like_torch(dtype, affine):
     x, weight, grad_output = make_inputs((3, 6), (6,), dtype, 0.0, seed=4)
     x[1] = 0.0
@@ -313,7 +307,7 @@ def test_all_zero_row_with_zero_eps_gives_nan_like_torch(dtype, affine):
     assert_forward_close(y, y_torch)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_id)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES, ids=_id)
 def test_output_dtype_is_input_dtype(dtype):
     x, weight, grad_output = make_inputs((2, 5), (5,), dtype, None)
     assert rmsnorm.rms_norm(x, (5,), weight).dtype == dtype
@@ -351,7 +345,7 @@ parametrize_module = pytest.mark.parametrize(
         pytest.param(dtype, case, eps, affine,
                      id=f"{_id(dtype)}-x{_id(case[0])}-ns{case[1]!r}-{eps_id(eps)}-"
                         f"{'affine' if affine else 'no_weight'}")
-        for dtype in DTYPES
+        for dtype in WIDE_DTYPES
         for case in MODULE_CASES
         for eps in (None, 1e-5, -0.5)
         for affine in (True, False)

@@ -17,8 +17,7 @@ import pytest
 import rmsnorm
 from rmsnorm import reference
 from closeness import assert_close_ulp, reference_grad_scales, ulp_distance
-
-DTYPES = [np.float32, np.float64]
+from supported_dtypes import WIDE_DTYPES
 
 
 def forward_tolerance(dtype):
@@ -65,7 +64,7 @@ def _inputs(shape, normalized_shape, dtype, eps, seed=0):
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
 @pytest.mark.parametrize("eps", EPSILONS, ids=lambda e: f"eps={e!r}")
 @pytest.mark.parametrize("shape, normalized_shape", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_matches_float64_reference(dtype, shape, normalized_shape, eps, affine):
     x, weight, _ = _inputs(shape, normalized_shape, dtype, eps)
     weight = weight if affine else None
@@ -79,7 +78,7 @@ def test_forward_matches_float64_reference(dtype, shape, normalized_shape, eps, 
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_weight"])
 @pytest.mark.parametrize("eps", EPSILONS, ids=lambda e: f"eps={e!r}")
 @pytest.mark.parametrize("shape, normalized_shape", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_gradients_match_float64_reference(dtype, shape, normalized_shape, eps, affine):
     x, weight, grad_output = _inputs(shape, normalized_shape, dtype, eps)
     weight = weight if affine else None
@@ -100,7 +99,7 @@ def test_gradients_match_float64_reference(dtype, shape, normalized_shape, eps, 
         assert grad_weight is None
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_reference_itself_matches_hand_computed_3_4(dtype):
     # Guards the guard: the reference is checked against the math too.
     y = reference.rms_norm(np.array([3.0, 4.0], dtype), (2,), eps=0.0)
@@ -126,7 +125,7 @@ EXACT_ULP_BOUND = {np.dtype(np.float32): 1.0, np.dtype(np.float64): 8.0}
 
 @pytest.mark.parametrize("eps", [0.0, 1e-5, 0.5], ids=lambda e: f"eps={e!r}")
 @pytest.mark.parametrize("n", [1, 3, 7, 64, 127, 1000, 4096])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_is_within_a_few_ulps_of_the_exact_value(dtype, n, eps):
     rng = np.random.default_rng([9, n])
     x = rng.standard_normal((2, n)).astype(dtype)
@@ -150,7 +149,7 @@ def _exact_tolerance(dtype):
     return float(np.finfo(dtype).eps), 0.0
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_of_3_4_is_3_4_over_sqrt_12_5(dtype):
     # mean(x^2) = (9 + 16) / 2 = 12.5, rms = sqrt(12.5) = 5 / sqrt(2),
     # so y = [3, 4] * sqrt(2) / 5 = [0.6, 0.8] * sqrt(2).
@@ -160,7 +159,7 @@ def test_forward_of_3_4_is_3_4_over_sqrt_12_5(dtype):
                      atol=atol, check_dtype=False, what="y")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_forward_gufunc_of_3_4_with_weight(dtype):
     # Same row, weight [2, -1]: y = [1.2, -0.8] * sqrt(2).
     y = rmsnorm.forward(np.array([3.0, 4.0], dtype), np.array([2.0, -1.0], dtype), 0.0)
@@ -169,7 +168,7 @@ def test_forward_gufunc_of_3_4_with_weight(dtype):
                      check_dtype=False, what="y")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_backward_of_3_4_by_hand(dtype):
     # x = [3, 4], w = [1, 1], eps = 0, dy = [1, 0]; |x| = 5, inv_rms = sqrt(2)/5.
     # y_i = sqrt(2) x_i / |x|, so dy_0/dx_0 = sqrt(2) (|x|^2 - x_0^2) / |x|^3
@@ -187,7 +186,7 @@ def test_backward_of_3_4_by_hand(dtype):
                      check_dtype=False, what="grad_weight")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("value", [-2.0, 0.25, 7.0])
 def test_single_element_row_normalises_to_its_sign_times_weight(value, dtype):
     # n = 1, eps = 0: rms = |x|, so y = sign(x) * w.
@@ -196,7 +195,7 @@ def test_single_element_row_normalises_to_its_sign_times_weight(value, dtype):
                      check_dtype=False, what="y")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_constant_row_with_eps_equal_to_mean_square(dtype):
     # x = [1, 1, 1, 1], eps = 1: mean(x^2) + eps = 2, y = 1 / sqrt(2).
     y = rmsnorm.rms_norm(np.ones((2, 4), dtype), 4, eps=1.0)
@@ -205,7 +204,7 @@ def test_constant_row_with_eps_equal_to_mean_square(dtype):
                      check_dtype=False, what="y")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_negative_eps_is_subtracted(dtype):
     # x = [2, 2], eps = -0.5: mean(x^2) + eps = 3.5, y = 2 / sqrt(3.5).
     y = rmsnorm.rms_norm(np.array([2.0, 2.0], dtype), (2,), eps=-0.5)

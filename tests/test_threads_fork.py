@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 import rmsnorm
+from closeness import assert_same_bytes
+from supported_dtypes import WIDE_DTYPES
 
 SHAPE = (256, 4096)
 SECONDS = 1.0
-DTYPES = [np.float32, np.float64]
 
 
 def problem(dtype, seed=3):
@@ -33,10 +34,16 @@ def problem(dtype, seed=3):
 
 
 def run_both(x, weight, grad, eps):
-    """forward's y, backward's grad_input and grad_weight, as bytes."""
+    """forward's y, backward's grad_input and grad_weight."""
     y = rmsnorm.forward(x, weight, eps)
     grad_input, grad_weight = rmsnorm.backward(grad, x, weight, eps)
-    return y.tobytes(), grad_input.tobytes(), grad_weight.tobytes()
+    return y, grad_input, grad_weight
+
+
+def assert_same_results(got, expected, where):
+    """run_both's three results, each the same bytes as expected's."""
+    for name, one, other in zip(("y", "grad_input", "grad_weight"), got, expected):
+        assert_same_bytes(one, other, what=f"{name} {where}")
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads={n}")
@@ -45,7 +52,7 @@ def with_threads(request, restore_num_threads):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_threads):
     args = problem(dtype)
     results = {}
@@ -54,12 +61,10 @@ def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_thread
         assert rmsnorm.get_num_threads() == threads
         results[threads] = run_both(*args)
     for threads in (2, 3):
-        for what, one, many in zip(("y", "grad_input", "grad_weight"), results[1],
-                                   results[threads]):
-            assert one == many, f"{what} differs between 1 and {threads} threads"
+        assert_same_results(results[threads], results[1], f"on {threads} threads vs 1")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_four_python_threads_at_once_give_one_threads_bytes(dtype, with_threads):
     args = problem(dtype)
     expected = run_both(*args)
@@ -72,8 +77,10 @@ def test_four_python_threads_at_once_give_one_threads_bytes(dtype, with_threads)
         while time.monotonic() < deadline and not failures:
             got = run_both(*args)
             calls[index] += 1
-            if got != expected:
-                failures.append(f"thread {index}, call {calls[index]}: bytes differ")
+            try:
+                assert_same_results(got, expected, f"in thread {index}, call {calls[index]}")
+            except AssertionError as failure:
+                failures.append(str(failure))
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
     for thread in threads:
@@ -154,13 +161,13 @@ def _run_in_child(dtype, threads):
 
 
 @pytest.mark.parametrize("child_threads", [1, 2], ids=lambda n: f"child_threads={n}")
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 def test_child_forked_after_the_pool_ran_computes_correctly(dtype, child_threads,
                                                             restore_num_threads):
     rmsnorm.set_num_threads(2)
     expected = run_both(*problem(dtype))  # the pool's workers now exist
-    assert _run_in_child(dtype, child_threads) == expected
-    assert run_both(*problem(dtype)) == expected, "the parent's pool broke after the fork"
+    assert_same_results(_run_in_child(dtype, child_threads), expected, "in the child")
+    assert_same_results(run_both(*problem(dtype)), expected, "in the parent after the fork")
 
 
 def test_child_forked_while_another_thread_uses_the_pool(restore_num_threads):
@@ -180,7 +187,7 @@ def test_child_forked_while_another_thread_uses_the_pool(restore_num_threads):
     try:
         for _ in range(3):
             time.sleep(0.05)
-            assert _run_in_child(np.float32, 2) == expected
+            assert_same_results(_run_in_child(np.float32, 2), expected, "in the child")
     finally:
         stop.set()
         worker.join(timeout=60)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from closeness import assert_close_ulp
 from test_import import run_python
+from supported_dtypes import LOOP_PAIR_NAMES
 from test_parity_torch import EPSILONS, SHAPE_CASES, eps_id, make_inputs, shape_case_id
 
 import rmsnorm
@@ -118,15 +119,11 @@ def test_output_and_grads_match_torch_autograd(path, dtype, case, eps, affine):
     check_against_torch(path, x, weight if affine else None, grad_output, normalized_shape, eps)
 
 
-# The 16-bit dtypes and torch's mixed-precision pairs: (input, weight).
-DTYPE_PAIRS = [
-    (torch.float16, torch.float16),
-    (torch.bfloat16, torch.bfloat16),
-    (torch.float16, torch.float32),
-    (torch.bfloat16, torch.float32),
-    (torch.float32, torch.float64),
-    (torch.float64, torch.float64),
-]
+# Every loop's (input, weight) but float32 with its own weight, which
+# test_output_and_grads_match_torch_autograd runs above. torch has bfloat16
+# itself: its loops are here with or without ml_dtypes.
+DTYPE_PAIRS = [(getattr(torch, x), getattr(torch, weight)) for x, weight in LOOP_PAIR_NAMES
+               if (x, weight) != ("float32", "float32")]
 
 
 def pair_id(pair):

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 
 import rmsnorm
-from closeness import assert_close_ulp
+from closeness import assert_same_bytes
+from supported_dtypes import WIDE_DTYPES
 
 xr = pytest.importorskip("xarray", reason="xarray is optional")
-
-DTYPES = [np.float32, np.float64]
 
 
 @pytest.fixture(autouse=True)
@@ -58,11 +57,7 @@ def expected_values(data, weight, eps):
     return np.moveaxis(rmsnorm.forward(rows, weight.values, eps), -1, hidden_axis)
 
 
-def assert_same_bytes(actual, expected, what):
-    assert_close_ulp(actual, expected, rtol=0.0, atol=0.0, what=f"{what} (expected bit-identical)")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", WIDE_DTYPES)
 @pytest.mark.parametrize("hidden_axis", [0, 1, 2], ids=lambda a: f"hidden-at-axis-{a}")
 def test_apply_ufunc_normalises_over_the_named_dimension(hidden_axis, dtype):
     data = activations(dtype, hidden_axis)
@@ -73,7 +68,8 @@ def test_apply_ufunc_normalises_over_the_named_dimension(hidden_axis, dtype):
 
     assert y.dims == data.dims and y.dtype == dtype
     assert (y.token == data.token).all() and y.attrs == data.attrs
-    assert_same_bytes(y.values, expected_values(data, weight, eps), "apply_ufunc over hidden")
+    assert_same_bytes(y.values, expected_values(data, weight, eps),
+                      what="apply_ufunc over hidden")
 
 
 @pytest.mark.parametrize("chunks", [{"batch": 1}, {"batch": 2, "token": 2}], ids=str)
@@ -88,7 +84,7 @@ def test_apply_ufunc_on_chunked_data_is_lazy(chunks):
     assert isinstance(y.data, da.Array), "chunked data should stay a dask array"
     assert y.chunksizes["batch"] == data.chunk(chunks).chunksizes["batch"]
     assert_same_bytes(y.compute().values, expected_values(data, weight, eps),
-                      "apply_ufunc on dask-backed data")
+                      what="apply_ufunc on dask-backed data")
 
 
 def test_hidden_dimension_in_several_chunks_is_a_clear_error():
