@@ -6,16 +6,25 @@
 
 #define RMS_CACHE_LINE 64
 
+/* Bytes from one packed row to the next: whole cache lines, so that every
+   row starts aligned as the first does, and one line more, so that a
+   power-of-two row length does not put a column's elements in one cache
+   set: the copy of a transposed view writes down the columns. */
+static size_t packed_row_stride(ptrdiff_t n, ptrdiff_t size)
+{
+    const size_t bytes = (size_t)n * (size_t)size;
+    return (bytes + RMS_CACHE_LINE - 1) / RMS_CACHE_LINE * RMS_CACHE_LINE + RMS_CACHE_LINE;
+}
+
 size_t rms_packed_bytes(ptrdiff_t rows, ptrdiff_t n, ptrdiff_t size)
 {
     if (rows <= 0 || n <= 0) {
         return 0;
     }
-    if ((size_t)n > (SIZE_MAX / 2) / (size_t)size / (size_t)rows) {
+    if ((size_t)n > (SIZE_MAX / 4) / (size_t)size / (size_t)rows) {
         return SIZE_MAX;
     }
-    const size_t bytes = (size_t)rows * (size_t)n * (size_t)size;
-    return (bytes + RMS_CACHE_LINE - 1) / RMS_CACHE_LINE * RMS_CACHE_LINE;
+    return (size_t)rows * packed_row_stride(n, size);
 }
 
 /* count elements of `size` bytes, src_step and dst_step bytes apart. */
@@ -78,7 +87,8 @@ rms_matrix rms_rows_packed(rms_matrix m, ptrdiff_t begin, ptrdiff_t rows, ptrdif
         return at;
     }
     const ptrdiff_t packed_rows = m.row_stride == 0 ? 1 : rows;
-    const rms_matrix packed = {*scratch, m.row_stride == 0 ? 0 : n * size, size};
+    const rms_matrix packed = {*scratch,
+                               m.row_stride == 0 ? 0 : (ptrdiff_t)packed_row_stride(n, size), size};
     *scratch += rms_packed_bytes(packed_rows, n, size);
     if (copy_in) {
         copy_matrix(packed, at, packed_rows, n, size, by_columns(at, packed_rows));

@@ -14,9 +14,9 @@
 
 #include "rms_norm.h"
 
-/* Bytes of a packed copy of `rows` rows of n elements of size bytes,
-   rounded up to whole cache lines; SIZE_MAX where that is more than there
-   is to ask for. */
+/* Bytes of a packed copy of `rows` rows of n elements of size bytes, each
+   row starting on a cache line (where the copy does); SIZE_MAX where that
+   is more than there is to ask for. */
 size_t rms_packed_bytes(ptrdiff_t rows, ptrdiff_t n, ptrdiff_t size);
 
 /*

@@ -196,7 +196,9 @@ static char *packed_scratch_alloc(size_t per_thread, int threads, rms_type type,
         return NULL;
     }
     if (per_thread <= RMS_PACKED_MAX_BYTES) {
-        memory = malloc(per_thread * (size_t)threads);
+        /* rms_packed_bytes are whole cache lines: every thread's rows and
+           every packed row start on one */
+        memory = aligned_alloc(64, per_thread * (size_t)threads);
     }
     if (memory == NULL) {
         *kernels = rms_strided_kernels_for(type);
