@@ -5,7 +5,8 @@
  *
  * Each loop is written in the kernels' own AVX-512 vocabulary
  * (csrc/kernels/simd/vec_avx512.h), with the operations an exactly rounded
- * float16 output needs (row_kernels.h says why each is there):
+ * float16 output needs (csrc/kernels/row/forward_blocks.h says why
+ * each is there):
  *
  *   reduce  sum(x^2) in double lanes: a widening to double and a fused
  *           multiply-add for every element;

@@ -15,7 +15,7 @@
  * notes of docs/api.md and docs/torch.md; the dtype grids of
  * tests/test_parity_torch.py and benchmarks/accuracy.py). Adding a storage
  * kind: also a case in rms_vf_load and rms_vf_store of every simd/vec_*.h,
- * in rms_kind_size (below) and rms_load_scalar (row_kernels.h), and in the
+ * in rms_kind_size (below) and rms_load_scalar (row/blocks.h), and in the
  * glue's type_num_of and kind_name.
  */
 #ifndef RMSNORM_KERNELS_TYPES_H

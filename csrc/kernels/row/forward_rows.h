@@ -1,0 +1,466 @@
+/*
+ * The forward's rows: inv_rms of each and its write mode, the rare rows
+ * (extreme float64 rows, rows written again from an exact sum), the weight
+ * as the write passes read it, and the rows loop that the table's entry
+ * calls. Part of the row kernels (row_kernels.h).
+ */
+#ifndef RMSNORM_KERNELS_ROW_FORWARD_ROWS_H
+#define RMSNORM_KERNELS_ROW_FORWARD_ROWS_H
+
+/*
+ * y for a float64 row whose inv_rms leaves double's normal range (its
+ * largest element past about 2^1000 or below 2^-1000, with eps too small
+ * to matter): one element at a time, since such rows are rare. With
+ * inv_rms = inv * 2^k, y = x * w * inv is formed from the significands of
+ * x and w in double-double, their exponents and k summed apart, and
+ * rounded once at the end (rms_dd_ldexp): no step overflows, underflows,
+ * or rounds before that one. Where x or w is 0, inf or NaN, y is x * w,
+ * its sign and its inf or NaN as torch's, since inv_rms is positive and
+ * finite. Returns the next row's sum of squares, as rms_forward_write
+ * does.
+ */
+RMS_NOINLINE rms_dd rms_forward_row_extreme(rms_kind wk, int with_residual, ptrdiff_t n,
+                                            const char *x, ptrdiff_t xs, const rms_row_weight *w,
+                                            char *y, ptrdiff_t ys, rms_scaled_inv inv,
+                                            const rms_row_source *next)
+{
+    for (ptrdiff_t i = 0; i < n; i++) {
+        const double xi = rms_load_scalar(RMS_KIND_F64, rms_element(x, i, xs));
+        const double w_hi = w->lo != NULL ? w->hi[i]
+                                          : rms_load_scalar(wk, rms_element(w->data, i, w->stride));
+        double yi = xi * w_hi; /* the zeros, infs and NaNs; x * w itself may not fit */
+        if (isfinite(xi) && isfinite(w_hi) && xi != 0.0 && w_hi != 0.0) {
+            int x_exponent, w_exponent;
+            const double x_sig = frexp(xi, &x_exponent), w_sig = frexp(w_hi, &w_exponent);
+            const double w_lo = w->lo != NULL ? ldexp(w->lo[i], -w_exponent) : 0.0;
+            /* a = x_sig * (w_sig + w_lo), then a * inv, each as hi + lo */
+            const double a_hi = x_sig * w_sig;
+            const double a_lo = fma(x_sig, w_sig, -a_hi) + x_sig * w_lo;
+            const double b_hi = a_hi * inv.inv.hi;
+            const double b_lo = fma(a_hi, inv.inv.hi, -b_hi) + (a_hi * inv.inv.lo + a_lo * inv.inv.hi);
+            double err;
+            const double sum = rms_two_sum(b_hi, b_lo, &err);
+            yi = rms_dd_ldexp(sum, err, x_exponent + w_exponent + inv.exponent);
+        }
+        memcpy(rms_element_out(y, i, ys), &yi, sizeof yi);
+    }
+    rms_dd none = {0.0, 0.0};
+    if (next->x == NULL) {
+        return none;
+    }
+    rms_lanes lanes;
+    rms_lanes_clear(&lanes);
+    return rms_reduce_row(RMS_KIND_F64, with_residual, &lanes, 0, n, next);
+}
+
+/* A remade row's sums, written before its write pass: for the rare rows
+   whose inv_rms is worked out from the values again (rms_forward_row). */
+RMS_NOINLINE void rms_write_sums(rms_kind xk, ptrdiff_t n, const rms_row_source *row)
+{
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        (void)rms_make_sum(xk, rms_element(row->x, i, row->x_stride), row->x_stride,
+                           rms_element(row->residual, i, row->residual_stride),
+                           row->residual_stride, rms_element_out(row->sum, i, row->sum_stride),
+                           row->sum_stride, count);
+    }
+}
+
+/* Whether n elements from a, stride as, and n from b, stride bs, of size
+   bytes each, share a byte. */
+static inline int rms_rows_overlap(const char *a, ptrdiff_t as, const char *b, ptrdiff_t bs,
+                                   ptrdiff_t n, ptrdiff_t size)
+{
+    const uintptr_t a0 = (uintptr_t)a, a1 = (uintptr_t)rms_element(a, n - 1, as);
+    const uintptr_t b0 = (uintptr_t)b, b1 = (uintptr_t)rms_element(b, n - 1, bs);
+    const uintptr_t a_low = a0 < a1 ? a0 : a1, a_high = (a0 < a1 ? a1 : a0) + (uintptr_t)size;
+    const uintptr_t b_low = b0 < b1 ? b0 : b1, b_high = (b0 < b1 ? b1 : b0) + (uintptr_t)size;
+    return a_low < b_high && b_low < a_high;
+}
+
+/* Past this, a row's sum of squares is made exact before its write:
+   rms_forward_block_fast16's margins hold for a sum_error up to about
+   2^-26, and the double write would find most blocks undecided long
+   before. Only a negative eps that nearly cancels mean(x^2), or rows of
+   2^27 elements, get here. */
+#define RMS_SUM_ERROR_LIMIT 0x1p-32
+
+/*
+ * How a row with this inv_rms is written. The float write needs inv_rms's
+ * low part inside float's normal range; so does the fast 16-bit one, and
+ * for bfloat16 inv_rms <= 2^15 besides: then a product x * w that is 0 in
+ * float (below 2^-150) makes |y| < 2^-134, which rounds to 0 too. 16-bit
+ * rows outside that go in double, not in float: where the weight is below
+ * about 2^-100, x * inv_rms.lo * w leaves float's range and the float
+ * path's result is not the correctly rounded one near a tie. The float
+ * path is float32's alone.
+ */
+RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
+                                                   const rms_row_weight *w, rms_dd inv_rms)
+{
+    const int in_float_range = inv_rms.hi >= 0x1p-100 && inv_rms.hi <= 0x1p100;
+    if (rms_has_fast16(xk)) {
+        if (w->floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
+            return RMS_WRITE_FAST16;
+        }
+    }
+    else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && w->lo == NULL &&
+             in_float_range) {
+        return RMS_WRITE_FLOAT;
+    }
+    return w->lo != NULL || isinf(inv_rms.hi) ? RMS_WRITE_DOUBLE_OUT_OF_LINE : RMS_WRITE_DOUBLE;
+}
+
+/*
+ * One row of the forward: inv_rms from its sum of squares, then the write.
+ *
+ * A plain sum (rms_squares_are_plain) is within rms_sum_error of exact.
+ * The fast writes take that into account: they widen their brackets by
+ * it, and the double path that writes the blocks they are unsure of notes
+ * in unsure those where an output may round otherwise than the exact one.
+ * The caller then writes those again (rms_forward_row_exactly) from an
+ * exact sum of the row's values, which are still in memory: x, or the
+ * sums, all written by the end of the write.
+ * Elsewhere the sum is made exact first: where y is written over x, which
+ * leaves nothing to sum again; where sum_error passes RMS_SUM_ERROR_LIMIT;
+ * and where every block is written in double, for which a compensated
+ * pass costs less than checking every block (the portable float32 forward
+ * took twice as long).
+ */
+RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_residual, ptrdiff_t n,
+                                         const rms_row_source *row, const rms_row_weight *w,
+                                         double eps, char *y, ptrdiff_t ys, int stream,
+                                         rms_dd sum_squares, const rms_row_source *next,
+                                         rms_unsure_blocks *unsure)
+{
+    /* the row's values in memory: x, or the sums */
+    const char *x = with_residual ? row->sum : row->x;
+    const ptrdiff_t xs = with_residual ? row->sum_stride : row->x_stride;
+    const int needs_rescale = rms_sum_needs_rescale(sum_squares.hi);
+    rms_dd inv_rms = {0.0, 0.0};
+    rms_write_mode mode = RMS_WRITE_DOUBLE;
+    double sum_error = 0.0;
+    int exact_first = 0; /* whether the plain sum is made exact before the write */
+    /* rows of a plain kind that need a rescale have an infinity or a NaN,
+       or are 0: no output of theirs is rounded, and their sum's error is
+       left at 0 */
+    if (!needs_rescale) {
+        inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+        mode = rms_write_mode_of(xk, wk, w, inv_rms);
+        if (rms_squares_are_plain(xk)) {
+            sum_error = rms_sum_error(n, sum_squares.hi, eps);
+            exact_first =
+                sum_error > RMS_SUM_ERROR_LIMIT || !rms_mode_is_fast(mode) ||
+                (!with_residual && rms_rows_overlap(x, xs, y, ys, n, rms_kind_size(xk)));
+        }
+    }
+    const rms_row_source *source = row;
+    rms_row_source written;
+    if (with_residual && row->remade && (needs_rescale || exact_first)) {
+        /* A remade row whose inv_rms is worked out again from its values
+           (float32 only): its sums are written first, for that pass to
+           read, and its write pass reads them rather than make them again,
+           since out= may have put them over x or the residual. In double,
+           out of line, as such rows are rare. */
+        rms_write_sums(xk, n, row);
+        written = *row;
+        written.remade = 0;
+        source = &written;
+        inv_rms = needs_rescale
+                      ? rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares))
+                      : rms_exact_inv_rms(xk, n, x, xs, eps);
+        mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
+        sum_error = 0.0;
+    }
+    else if (needs_rescale) {
+        const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
+        if (xk == RMS_KIND_F64 && !rms_scaled_inv_in_range(scaled)) {
+            return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys,
+                                           rms_scaled_inv_normalised(scaled), next);
+        }
+        inv_rms = rms_scaled_inv_value(scaled);
+        mode = rms_write_mode_of(xk, wk, w, inv_rms);
+    }
+    else if (exact_first) {
+        inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
+        mode = rms_write_mode_of(xk, wk, w, inv_rms);
+        sum_error = 0.0;
+    }
+    /* a constant mode at each call, so that each write loop is its own code */
+    switch (mode) {
+    case RMS_WRITE_FAST16:
+        return rms_forward_write(xk, wk, RMS_WRITE_FAST16, with_residual, n, row, w, y, ys,
+                                 stream, inv_rms, sum_error, unsure, next);
+    case RMS_WRITE_FLOAT:
+        return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, row, w, y, ys,
+                                 stream, inv_rms, sum_error, unsure, next);
+    case RMS_WRITE_DOUBLE_OUT_OF_LINE:
+        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, source,
+                                 w, y, ys, stream, inv_rms, sum_error, unsure, next);
+    default:
+        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, with_residual, n, row, w, y, ys,
+                                 stream, inv_rms, sum_error, unsure, next);
+    }
+}
+
+/* The weight as floats, for the fast 16-bit write. */
+RMS_ALWAYS_INLINE void rms_weight_floats(rms_kind wk, ptrdiff_t n, const char *w, ptrdiff_t ws,
+                                         float *dst)
+{
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_vf v = rms_load_floats(wk, rms_element(w, i, ws), ws, count);
+        rms_store_floats(RMS_KIND_F32, (char *)(dst + i), 4, count, v, 0);
+    }
+}
+
+/*
+ * offset + weight, exactly, as n doubles hi + lo (an error-free sum: lo is
+ * what hi, the sum rounded to double, leaves out; 0 where hi is not
+ * finite), and, where floats is not NULL, as floats: the exact sum rounded
+ * once, through hi rounded to odd. Returns whether the fast 16-bit write
+ * may take those floats: not where one is infinite or NaN (a sum past
+ * float's range makes 0 * inf of a zero x), nor, to keep the test to one
+ * vector operation, below 2^-96 (those rows go in double).
+ */
+RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w, ptrdiff_t ws,
+                                        double offset, double *hi, double *lo, float *floats)
+{
+    int floats_usable = 1;
+    const rms_vd o = rms_vd_set(offset);
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_block wv = rms_load_doubles(wk, rms_element(w, i, ws), ws, count);
+        rms_block sum, err, odd;
+        RMS_UNROLL
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            rms_vd e;
+            const rms_vd s = rms_vd_two_sum(o, wv.part[h], &e);
+            sum.part[h] = s;
+            err.part[h] = rms_vd_zero_where_inf(e, s);
+            odd.part[h] = rms_vd_round_to_odd(s, err.part[h]);
+        }
+        rms_store_doubles((char *)(hi + i), 8, count, &sum, 0);
+        rms_store_doubles((char *)(lo + i), 8, count, &err, 0);
+        if (floats != NULL) {
+            const rms_vf f = rms_vf_narrow(odd.part);
+            floats_usable &= !rms_vf_any_abnormal(rms_vf_mul(f, rms_vf_set(0x1p-30f)));
+            rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count, f, 0);
+        }
+    }
+    return floats_usable;
+}
+
+/* The forward's weight as a row's write pass reads it (rms_row_weight),
+   as prepare_forward_weight says (kernels.h); floats only for 16-bit x. */
+RMS_ALWAYS_INLINE int rms_prepare_forward_weight(rms_kind xk, rms_kind wk, ptrdiff_t n,
+                                                 const char *w, ptrdiff_t ws, const double *offset,
+                                                 double *hi, double *lo, float *floats)
+{
+    if (!rms_has_fast16(xk)) {
+        floats = NULL; /* a constant: the types without the fast write compile no floats */
+    }
+    if (offset != NULL) {
+        return rms_offset_weight(wk, n, w, ws, *offset, hi, lo, floats);
+    }
+    if (floats != NULL) {
+        rms_weight_floats(wk, n, w, ws, floats);
+    }
+    return 1;
+}
+
+/* Row r's source, as rms_row_source says; with every stride unit_stride
+   where that is not 0 (contiguous rows: a constant to the compiler). */
+RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int with_residual,
+                                               int remade, ptrdiff_t r, ptrdiff_t unit_stride)
+{
+    rms_row_source src = {rms_element(p->x.data, r, p->x.row_stride), NULL, NULL,
+                          unit_stride ? unit_stride : p->x.stride, 0, 0, NULL, NULL, remade};
+    if (with_residual) {
+        src.residual = rms_element(p->residual.data, r, p->residual.row_stride);
+        src.sum = rms_element_out(p->residual_out.data, r, p->residual_out.row_stride);
+        src.residual_stride = unit_stride ? unit_stride : p->residual.stride;
+        src.sum_stride = unit_stride ? unit_stride : p->residual_out.stride;
+    }
+    return src;
+}
+
+/* Writes the blocks of row r that unsure notes again, in double, from the
+   exact sum of the row's values in memory: x, or the sums, all written by
+   now; or the whole row, where unsure could not hold them all. For the
+   rows whose plain sum left an output undecided (rms_forward_row); out of
+   line, as they are rare: 11 in 4096 rows of 8192 normal float32 values,
+   39 in 512 rows of 65536, none in 4096 rows of 4096 float16 or bfloat16
+   ones. The rows loop calls it after the row's write, and it makes the
+   row's source, y and eps again from p, and takes a copy of the weight:
+   the write loop's own, kept for it, would have to live in memory, and
+   their pointers be loaded at every block (the float32 forward in cache
+   took a seventh longer). */
+RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_residual,
+                                          const rms_forward_problem *p, ptrdiff_t r,
+                                          ptrdiff_t unit_stride, rms_row_weight weight,
+                                          const rms_unsure_blocks *unsure)
+{
+    if (RMS_HAVE_STREAM && p->stream_output) {
+        rms_stream_fence(); /* the first write's streamed stores land first */
+    }
+    const rms_row_source row = rms_source_of(p, with_residual, 0, r, unit_stride);
+    const char *x = with_residual ? row.sum : row.x;
+    const ptrdiff_t xs = with_residual ? row.sum_stride : row.x_stride;
+    const ptrdiff_t n = p->n, ys = p->y.stride;
+    char *y = rms_element_out(p->y.data, r, p->y.row_stride);
+    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
+    const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
+    const rms_inv_forms inv =
+        rms_inv_forms_of(xk, wk, weight.lo != NULL, rms_exact_inv_rms(xk, n, x, xs, eps), 0.0,
+                         NULL, RMS_WRITE_DOUBLE_OUT_OF_LINE);
+    const int whole_row = unsure->count > RMS_UNSURE_BLOCKS;
+    const ptrdiff_t blocks = whole_row ? (n + RMS_VF_WIDTH - 1) / RMS_VF_WIDTH : unsure->count;
+    for (ptrdiff_t b = 0; b < blocks; b++) {
+        const ptrdiff_t at = whole_row ? b * RMS_VF_WIDTH : unsure->at[b];
+        const ptrdiff_t count = n - at < RMS_VF_WIDTH ? n - at : RMS_VF_WIDTH;
+        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, rms_element(x, at, xs), xs,
+                                &weight, at, rms_element_out(y, at, ys), ys, count, &inv, 0, 0);
+    }
+}
+
+/*
+ * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
+ * weight as floats, and with an offset the write takes offset + weight as
+ * doubles (rms_prepare_forward_weight): where the driver has not made them
+ * once for the call, rows have weights or offsets of their own, and each
+ * row's are made here. Where the floats' memory cannot be had, rows go in
+ * double; returns 0, or, where an offset's 2n doubles cannot be had, the
+ * bytes asked for, having written nothing.
+ * Contiguous rows get the strides as constants, which lets each block be
+ * one vector load or store, and the next row's reduction pass rides in the
+ * current row's write.
+ */
+RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
+                                             int remade, const rms_forward_problem *p,
+                                             ptrdiff_t row_begin,
+                                             ptrdiff_t row_end)
+{
+    const ptrdiff_t n = p->n;
+    if (n <= 0 || row_begin >= row_end) {
+        return 0;
+    }
+    const int with_offset = p->weight_offset != NULL;
+    rms_row_weight w = {NULL, p->weight.stride, p->weight_hi, p->weight_lo, p->weight_floats};
+    rms_forward_weight_scratch scratch = {NULL, NULL, NULL, NULL};
+    if (!p->weight_prepared) {
+        const size_t failed_bytes =
+            rms_forward_weight_scratch_alloc(&scratch, n, rms_has_fast16(xk), with_offset);
+        if (failed_bytes != 0) {
+            return failed_bytes;
+        }
+        w.hi = scratch.hi;
+        w.lo = scratch.lo;
+    }
+
+    const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
+    const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
+    /* rows are contiguous (kernels.h), but where this table serves
+       strided ones too */
+    const int contiguous =
+        !RMS_STRIDED_ROWS ||
+        (p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
+         (!with_residual || (p->residual.stride == es && p->residual_out.stride == es)));
+    rms_dd sum_squares = {0.0, 0.0};
+    if (contiguous) {
+        rms_lanes lanes;
+        rms_lanes_clear(&lanes);
+        const rms_row_source first = rms_source_of(p, with_residual, remade, row_begin, es);
+        sum_squares = rms_reduce_row(xk, with_residual, &lanes, 0, n, &first);
+    }
+    for (ptrdiff_t r = row_begin; r < row_end; r++) {
+        w.data = rms_element(p->weight.data, r, p->weight.row_stride);
+        char *y = rms_element_out(p->y.data, r, p->y.row_stride);
+        const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
+        if (!p->weight_prepared) { /* rows with weights or offsets of their own */
+            double offset = 0.0;
+            if (with_offset) {
+                offset = rms_load_scalar(RMS_KIND_F64,
+                                         rms_element(p->weight_offset, r, p->weight_offset_stride));
+            }
+            const int usable =
+                rms_prepare_forward_weight(xk, wk, n, w.data, w.stride,
+                                           with_offset ? &offset : NULL, scratch.hi, scratch.lo,
+                                           scratch.floats);
+            w.floats = usable ? scratch.floats : NULL;
+        }
+        if (RMS_STRIDED_ROWS && !contiguous) {
+            const rms_row_source src = rms_source_of(p, with_residual, 0, r, 0);
+            rms_row_source none = src;
+            none.x = NULL;
+            rms_lanes lanes;
+            rms_lanes_clear(&lanes);
+            rms_unsure_blocks unsure;
+            unsure.count = 0;
+            rms_forward_row(xk, wk, with_residual, n, &src, &w, eps, y, p->y.stride, 0,
+                            rms_reduce_row(xk, with_residual, &lanes, 0, n, &src), &none,
+                            &unsure);
+            if (rms_squares_are_plain(xk) && unsure.count > 0) {
+                rms_forward_row_exactly(xk, wk, with_residual, p, r, 0, w, &unsure);
+            }
+            continue;
+        }
+        const rms_row_source src = rms_source_of(p, with_residual, remade, r, es);
+        /* strides as they are, but constants: each block one vector load */
+        rms_row_source next =
+            rms_source_of(p, with_residual, remade, r + 1 < row_end ? r + 1 : r, es);
+        if (r + 1 == row_end) {
+            next.x = NULL;
+        }
+        if (p->stream_output && r + 2 < row_end) {
+            const rms_row_source after_next = rms_source_of(p, with_residual, remade, r + 2, es);
+            next.ahead_x = after_next.x;
+            next.ahead_residual = after_next.residual;
+        }
+        rms_row_weight unit_w = w;
+        unit_w.stride = ws;
+        rms_unsure_blocks unsure;
+        unsure.count = 0;
+        sum_squares = rms_forward_row(xk, wk, with_residual, n, &src, &unit_w, eps, y, es,
+                                      p->stream_output, sum_squares, &next, &unsure);
+        if (rms_squares_are_plain(xk) && unsure.count > 0) {
+            rms_forward_row_exactly(xk, wk, with_residual, p, r, es, unit_w, &unsure);
+        }
+    }
+    if (RMS_HAVE_STREAM && p->stream_output) {
+        rms_stream_fence(); /* streamed stores are seen before the caller reads y */
+    }
+    free(scratch.memory);
+    return 0;
+}
+
+/* Whether a row's sums x + residual are made twice: in the reduction
+   pass, for their squares, and again in the write pass, which writes them
+   beside y, streamed where y is (rms_forward_block_of_row). Where the
+   output is streamed, that spares the sums' lines a trip into the cache
+   (a read before each is written, and a write back), for two more loads
+   and an add a block: the float32 fused forward at 2048x4096 took a sixth
+   less time. float64's took a tenth more, and the other kinds keep their
+   sums written once, by the reduction pass. */
+RMS_ALWAYS_INLINE int rms_remakes_sums(rms_kind xk, const rms_forward_problem *p)
+{
+    return RMS_HAVE_STREAM && xk == RMS_KIND_F32 && p->stream_output;
+}
+
+/* The forward's rows, with or without a residual: a code path each, since
+   a test in the reduction pass costs the plain forward registers in its
+   hottest loop. */
+RMS_ALWAYS_INLINE size_t rms_forward_rows(rms_kind xk, rms_kind wk,
+                                          const rms_forward_problem *p, ptrdiff_t row_begin,
+                                          ptrdiff_t row_end)
+{
+    if (p->residual.data != NULL) {
+        if (rms_remakes_sums(xk, p)) {
+            return rms_forward_rows_of(xk, wk, 1, 1, p, row_begin, row_end);
+        }
+        return rms_forward_rows_of(xk, wk, 1, 0, p, row_begin, row_end);
+    }
+    return rms_forward_rows_of(xk, wk, 0, 0, p, row_begin, row_end);
+}
+
+#endif

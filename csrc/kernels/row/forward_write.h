@@ -1,0 +1,448 @@
+/*
+ * The forward's write pass over one row, block by block in the row's write
+ * mode, with the next row's reduction pass in the same loop, and a
+ * residual's sums made on the way. Part of the row kernels
+ * (row_kernels.h).
+ */
+#ifndef RMSNORM_KERNELS_ROW_FORWARD_WRITE_H
+#define RMSNORM_KERNELS_ROW_FORWARD_WRITE_H
+
+/* Asks for the bytes [p, p + bytes) to be brought into cache, without
+   waiting for them. A streamed write pass works from cache and leaves the
+   memory bus idle; asking for the next row meanwhile lets that row's
+   reduction pass find it in cache. Under AddressSanitizer, which does not
+   check prefetches, each line's first byte is read instead, so that the
+   sanitizer build checks every address asked for. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RMS_CHECK_PREFETCH 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RMS_CHECK_PREFETCH 1
+#endif
+#endif
+static inline void rms_prefetch(const char *p, ptrdiff_t bytes)
+{
+    for (ptrdiff_t b = 0; b < bytes; b += 64) {
+#if defined(RMS_CHECK_PREFETCH)
+        (void)*(const volatile char *)(p + b);
+#elif defined(__GNUC__)
+        /* locality 2: not into L1, which holds the row at work, where the
+           CPU honours the hint (prefetcht1) */
+        __builtin_prefetch(p + b, 0, 2);
+#else
+        (void)p;
+#endif
+    }
+}
+
+/* How many elements of a row to write a block at a time before out
+   reaches a vector's alignment: none for a strided row, or for one whose
+   elements can never get there. NumPy aligns its buffers to 16 bytes only,
+   and vector stores that straddle two cache lines cost a fifth of the
+   float32 forward in cache. */
+RMS_ALWAYS_INLINE ptrdiff_t rms_unaligned_head(const char *out, ptrdiff_t stride, ptrdiff_t size,
+                                               ptrdiff_t n)
+{
+    size_t misalignment = (size_t)((uintptr_t)out % RMS_VECTOR_BYTES);
+    if (stride != size || misalignment == 0 || misalignment % (size_t)size != 0) {
+        return 0;
+    }
+    ptrdiff_t head = (ptrdiff_t)((RMS_VECTOR_BYTES - misalignment) / (size_t)size);
+    return head < n ? head : n;
+}
+
+/* Whether whole blocks from out on can be streamed. */
+RMS_ALWAYS_INLINE int rms_can_stream(int stream, const char *out, ptrdiff_t stride, ptrdiff_t size)
+{
+    return RMS_HAVE_STREAM && stream && stride == size &&
+           (uintptr_t)out % RMS_VECTOR_BYTES == 0;
+}
+
+/* The weight as a row's write pass reads it: as stored, or with an offset
+   as doubles hi + lo, offset + weight exactly; and as floats for the fast
+   16-bit write. */
+typedef struct {
+    const char *data; /* as stored */
+    ptrdiff_t stride;
+    const double *hi, *lo; /* with an offset; else NULL */
+    const float *floats;   /* NULL where the fast 16-bit write is not to be used */
+} rms_row_weight;
+
+/* Whether a write mode is a fast path, which may be unsure of a block and
+   leave it to the double write. */
+RMS_ALWAYS_INLINE int rms_mode_is_fast(rms_write_mode mode)
+{
+    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT;
+}
+
+/* Whether a write mode's unsure blocks can wait for the end of the step. */
+RMS_ALWAYS_INLINE int rms_mode_may_defer(rms_write_mode mode)
+{
+    return mode == RMS_WRITE_FAST16;
+}
+
+/* One block of the forward, the way mode says. Returns 0, having written
+   nothing, where the fast path was unsure of it and defer is set: the
+   caller then writes it later, in double (rms_forward_write_loop). */
+RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                        const char *x, ptrdiff_t xs, const rms_row_weight *w,
+                                        ptrdiff_t at, char *y, ptrdiff_t ys, ptrdiff_t count,
+                                        const rms_inv_forms *inv, int stream, int defer)
+{
+    const char *w_at = rms_element(w->data, at, w->stride);
+    if (mode == RMS_WRITE_FAST16 &&
+        rms_forward_block_fast16(xk, x, xs, w->floats + at, y, ys, count, inv, stream)) {
+        return 1;
+    }
+    if (mode == RMS_WRITE_FLOAT &&
+        rms_forward_block_float(xk, wk, x, xs, w_at, w->stride, y, ys, count, inv, stream)) {
+        return 1;
+    }
+    if (defer && rms_mode_may_defer(mode)) {
+        return 0;
+    }
+    /* The plain double write inlines its blocks, and its loop has no call:
+       a call costs a loop every vector register that lives across it. */
+    int sure;
+    if (mode == RMS_WRITE_DOUBLE) {
+        /* a row written in double has an exact sum (rms_forward_row) */
+        sure = rms_forward_block_double(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count,
+                                        inv->dd, 0.0, stream);
+    }
+    else if (mode != RMS_WRITE_FLOAT && w->lo != NULL) { /* float rows have no offset */
+        sure = rms_forward_block_double_out_of_line[xk][RMS_KIND_F64](
+            x, xs, (const char *)(w->hi + at), 8, w->lo + at, y, ys, count, inv->dd,
+            inv->sum_error, stream);
+    }
+    else {
+        sure = rms_forward_block_double_out_of_line[xk][wk](
+            x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd, inv->sum_error, stream);
+    }
+    if (!sure) {
+        rms_unsure_blocks *unsure = inv->unsure;
+        if (unsure->count < RMS_UNSURE_BLOCKS) {
+            unsure->at[unsure->count] = at;
+        }
+        unsure->count++;
+    }
+    return 1;
+}
+
+/*
+ * A row's values as its reduction pass makes them: x itself, or, with a
+ * residual, x + residual, written to sum as the pass goes, or, where
+ * remade, by the write pass (rms_remakes_sums). x is NULL for no row, the
+ * last row's next, with the strides kept as they are: a NULL pointer to
+ * the struct instead, or strides that differ, would cost the compiler
+ * their constancy. ahead_x and ahead_residual are the row after this one,
+ * for a streamed write pass to ask for while it reduces this one, or NULL.
+ */
+typedef struct {
+    const char *x;
+    const char *residual; /* with_residual only */
+    char *sum;
+    ptrdiff_t x_stride, residual_stride, sum_stride;
+    const char *ahead_x, *ahead_residual;
+    int remade;
+} rms_row_source;
+
+/* sum = x + residual for one block, rounded once to x's kind as NumPy's
+   and torch's own add round it; written to sum unless that is NULL, and
+   returned as doubles. 16-bit kinds add in float: the float sum is exact
+   unless one addend is below 2^-13 of the other, too small to move the sum
+   to a 16-bit midpoint, so its rounding to 16 bits is the exact sum's. */
+RMS_ALWAYS_INLINE rms_block rms_make_sum(rms_kind xk, const char *x, ptrdiff_t xs, const char *r,
+                                         ptrdiff_t rs, char *sum, ptrdiff_t sum_stride,
+                                         ptrdiff_t count)
+{
+    rms_block sv;
+    if (xk == RMS_KIND_F64) {
+        const rms_block xv = rms_load_doubles(xk, x, xs, count);
+        const rms_block rv = rms_load_doubles(xk, r, rs, count);
+        RMS_UNROLL
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            sv.part[h] = rms_vd_add(xv.part[h], rv.part[h]);
+        }
+        if (sum != NULL) {
+            rms_store_doubles(sum, sum_stride, count, &sv, 0);
+        }
+        return sv;
+    }
+    /* 16-bit sums narrowed once, then stored and widened back */
+    rms_vf rounded = rms_vf_add(rms_load_floats(xk, x, xs, count),
+                                rms_load_floats(xk, r, rs, count));
+    if (xk == RMS_KIND_F32) {
+        if (sum != NULL) {
+            rms_store_floats(xk, sum, sum_stride, count, rounded, 0);
+        }
+    }
+    else {
+        const rms_vh narrowed = rms_vf_narrow16(xk, rounded);
+        if (sum != NULL) {
+            rms_store_halves(sum, sum_stride, count, narrowed, 0);
+        }
+        rounded = rms_vh_widen(xk, narrowed);
+    }
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        sv.part[h] = rms_vd_widen(rounded, h);
+    }
+    return sv;
+}
+
+/* The reduction pass over [i, i + count), count <= RMS_LANES, of a row
+   with a residual: its sums, written to src->sum unless the write pass
+   writes them (src->remade), and their squares into lanes. The squares are
+   taken from the registers that hold the sums, not read back from
+   src->sum: a load right after a store of another width waits for the
+   store to reach the cache (the fused float32 forward took three times as
+   long as the plain one on an AMD Zen 5). */
+RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
+                                                const rms_row_source *src, ptrdiff_t i,
+                                                ptrdiff_t count)
+{
+    RMS_UNROLL
+    for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
+        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
+        if (offset >= count) {
+            break;
+        }
+        const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
+        const ptrdiff_t at = i + offset;
+        const rms_block sv = rms_make_sum(
+            xk, rms_element(src->x, at, src->x_stride), src->x_stride,
+            rms_element(src->residual, at, src->residual_stride), src->residual_stride,
+            src->remade ? NULL : rms_element_out(src->sum, at, src->sum_stride), src->sum_stride,
+            block_count);
+        rms_add_block_squares(xk, 0, lanes, b, &sv, 0, 1.0);
+    }
+}
+
+/* The reduction pass over [i, i + count), count <= RMS_LANES: the squares
+   of the row's values into lanes, making them first where they are a sum. */
+RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lanes *lanes,
+                                        const rms_row_source *src, ptrdiff_t i, ptrdiff_t count)
+{
+    if (with_residual) {
+        rms_add_residual_squares(xk, lanes, src, i, count);
+    }
+    else {
+        rms_add_squares(xk, 0, lanes, src->x, src->x_stride, i, count, 0, 1.0);
+    }
+}
+
+/* The reduction pass from element done (a multiple of RMS_LANES, the part
+   already in lanes) to the row's end: its sum of squares. */
+RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lanes *lanes,
+                                        ptrdiff_t done, ptrdiff_t n, const rms_row_source *src)
+{
+    ptrdiff_t i = done;
+    for (; i + RMS_LANES <= n; i += RMS_LANES) {
+        rms_reduce_lanes(xk, with_residual, lanes, src, i, RMS_LANES); /* a constant count */
+    }
+    if (i < n) {
+        rms_reduce_lanes(xk, with_residual, lanes, src, i, n - i);
+    }
+    return rms_lanes_total(lanes, RMS_LANES, !rms_kind_is_float_exact(xk));
+}
+
+/* One block of a row's write pass: from the row's values as they are in
+   memory, or, where the write pass makes the sums (row->remade), from the
+   block's sums, made again and written to row->sum (streamed where
+   sum_stream says). rms_forward_block reads its values through a pointer:
+   here, a block on the stack, whose store and load stay in L1. */
+RMS_ALWAYS_INLINE int rms_forward_block_of_row(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                               int with_residual, const rms_row_source *row,
+                                               const rms_row_weight *w, ptrdiff_t at, char *y,
+                                               ptrdiff_t ys, ptrdiff_t count,
+                                               const rms_inv_forms *inv, int stream,
+                                               int sum_stream, int defer)
+{
+    if (with_residual && row->remade) {
+        const ptrdiff_t size = rms_kind_size(xk);
+        _Alignas(RMS_VECTOR_BYTES) char made[RMS_VF_WIDTH * 8];
+        (void)rms_make_sum(xk, rms_element(row->x, at, row->x_stride), row->x_stride,
+                           rms_element(row->residual, at, row->residual_stride),
+                           row->residual_stride, made, size, count);
+        char *sum = rms_element_out(row->sum, at, row->sum_stride);
+        if (xk == RMS_KIND_F64) {
+            const rms_block h = rms_load_doubles(xk, made, size, count);
+            rms_store_doubles(sum, row->sum_stride, count, &h, sum_stream);
+        }
+        else {
+            rms_store_floats(xk, sum, row->sum_stride, count,
+                             rms_load_floats(xk, made, size, count), sum_stream);
+        }
+        return rms_forward_block(xk, wk, mode, made, size, w, at, rms_element_out(y, at, ys), ys,
+                                 count, inv, stream, defer);
+    }
+    const char *values = with_residual ? row->sum : row->x;
+    const ptrdiff_t vs = with_residual ? row->sum_stride : row->x_stride;
+    return rms_forward_block(xk, wk, mode, rms_element(values, at, vs), vs, w, at,
+                             rms_element_out(y, at, ys), ys, count, inv, stream, defer);
+}
+
+/* The blocks of a row's write loop that the fast 16-bit path was unsure
+   of, to be written in double once the loop has stopped: a call inside the
+   loop, even on a path it rarely takes, made the compiler keep the loop's
+   state in memory and spill its registers there (the bfloat16 forward took
+   a seventh longer in cache). */
+#define RMS_DEFERRED_BLOCKS 32
+typedef struct {
+    ptrdiff_t at[RMS_DEFERRED_BLOCKS];
+    int count;
+} rms_deferred;
+
+/* Writes the deferred blocks in double, from the row's values in memory:
+   x, or the sums, which the write pass has written where it makes them
+   (so they are read, not made again: a copy of the row not remade). Their
+   y is unwritten, so in place, x is still there. */
+RMS_ALWAYS_INLINE void rms_write_deferred(rms_kind xk, rms_kind wk, int with_residual,
+                                          const rms_row_source *row, const rms_row_weight *w,
+                                          char *y, ptrdiff_t ys, const rms_inv_forms *inv,
+                                          int stream, rms_deferred *deferred)
+{
+    rms_row_source written = *row;
+    written.remade = 0;
+    for (int k = 0; k < deferred->count; k++) {
+        (void)rms_forward_block_of_row(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual,
+                                       &written, w, deferred->at[k], y, ys, RMS_VF_WIDTH, inv,
+                                       stream, 0, 0);
+    }
+    deferred->count = 0;
+}
+
+/* The whole steps of RMS_LANES elements of rms_forward_write_loop, from
+   element i on: until the row has no whole step left, or deferred holds
+   more than limit blocks. Returns where it stopped. */
+RMS_ALWAYS_INLINE ptrdiff_t rms_forward_write_steps(
+    rms_kind xk, rms_kind wk, rms_write_mode mode, int with_residual, ptrdiff_t n,
+    const rms_row_source *row, const rms_row_weight *w, char *y, ptrdiff_t ys, ptrdiff_t i,
+    int streamed, int sum_streamed, const rms_inv_forms *inv, const rms_row_source *next,
+    int reduce, rms_lanes *next_lanes, ptrdiff_t *next_done, rms_deferred *deferred, int limit)
+{
+    for (; i + RMS_LANES <= n && deferred->count <= limit; i += RMS_LANES) {
+        if (reduce) {
+            if (next->ahead_x != NULL) {
+                rms_prefetch(rms_element(next->ahead_x, *next_done, next->x_stride),
+                             RMS_LANES * next->x_stride);
+                if (with_residual) {
+                    rms_prefetch(
+                        rms_element(next->ahead_residual, *next_done, next->residual_stride),
+                        RMS_LANES * next->residual_stride);
+                }
+            }
+            rms_reduce_lanes(xk, with_residual, next_lanes, next, *next_done, RMS_LANES);
+            *next_done += RMS_LANES;
+        }
+        else if (next->x != NULL) {
+            rms_prefetch(rms_element(next->x, i, next->x_stride), RMS_LANES * next->x_stride);
+            if (with_residual) {
+                rms_prefetch(rms_element(next->residual, i, next->residual_stride),
+                             RMS_LANES * next->residual_stride);
+            }
+        }
+        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
+            const ptrdiff_t at = i + b;
+            if (!rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, at, y, ys,
+                                          RMS_VF_WIDTH, inv, streamed, sum_streamed,
+                                          rms_mode_may_defer(mode))) {
+                deferred->at[deferred->count++] = at;
+            }
+        }
+    }
+    return i;
+}
+
+/* The write loop of rms_forward_write. reduce, a constant at each call,
+   says whether it also runs the next row's reduction pass into next_lanes:
+   decided inside the loop, the choice left the compiler keeping those sums
+   in memory, loaded and stored at every step (a tenth of the in-cache
+   16-bit forward). The unaligned head and the tail write their blocks at
+   once, unsure or not; the whole steps defer theirs (rms_deferred). A
+   streamed row writes its deferred blocks as soon as their step ends,
+   streamed too. Written at the row's end with plain stores, each cost a
+   read of its line from memory (the float16 forward from memory took a
+   fifth longer); streamed at the row's end, they cost the same as here. */
+RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                              int with_residual, ptrdiff_t n,
+                                              const rms_row_source *row,
+                                              const rms_row_weight *w, char *y,
+                                              ptrdiff_t ys, ptrdiff_t head, int streamed,
+                                              int sum_streamed,
+                                              const rms_inv_forms *inv, const rms_row_source *next,
+                                              int reduce, rms_lanes *next_lanes,
+                                              ptrdiff_t *next_done)
+{
+    ptrdiff_t i = 0;
+    for (; i < head; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
+        (void)rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv,
+                                       0, 0, 0);
+    }
+    rms_deferred deferred;
+    deferred.count = 0;
+    const int limit = streamed ? 0 : RMS_DEFERRED_BLOCKS - RMS_LANES / RMS_VF_WIDTH;
+    for (i = head; i + RMS_LANES <= n;) {
+        i = rms_forward_write_steps(xk, wk, mode, with_residual, n, row, w, y, ys, i, streamed,
+                                    sum_streamed, inv, next, reduce, next_lanes, next_done,
+                                    &deferred, limit);
+        rms_write_deferred(xk, wk, with_residual, row, w, y, ys, inv, streamed, &deferred);
+    }
+    for (; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        (void)rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv,
+                                       0, 0, 0);
+    }
+}
+
+/*
+ * Writes y for one row, given its inv_rms (within sum_error of the exact
+ * sum's; the blocks that left undecided noted in unsure), and returns the
+ * sum of squares of next, where that is a row (0 where it is not). The
+ * same loop runs the
+ * next row's reduction pass: it is bound by arithmetic and the write by
+ * loads and stores, and one loop doing both lets the core overlap them.
+ * Where the output is streamed, rows come from memory: the loop asks for
+ * the row after next too, so that the bus brings it in while the core
+ * works, and next's reduction finds it in cache. Where next has no row
+ * after it in the chunk, the loop asks for next itself and reduces it
+ * afterwards. (Asking for next only, and always reducing it afterwards,
+ * left the bus idle during the reductions: the float64 forward at
+ * 2048x4096 took a tenth longer.)
+ */
+RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                           int with_residual, ptrdiff_t n,
+                                           const rms_row_source *row, const rms_row_weight *w,
+                                           char *y, ptrdiff_t ys, int stream, rms_dd inv_rms,
+                                           double sum_error, rms_unsure_blocks *unsure,
+                                           const rms_row_source *next)
+{
+    const rms_inv_forms inv =
+        rms_inv_forms_of(xk, wk, w->lo != NULL, inv_rms, sum_error, unsure, mode);
+    const ptrdiff_t size = rms_kind_size(xk);
+    const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
+    const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
+    const int sum_streamed =
+        with_residual && row->remade &&
+        rms_can_stream(stream, rms_element_out(row->sum, head, row->sum_stride), row->sum_stride,
+                       size);
+    rms_lanes next_lanes;
+    rms_lanes_clear(&next_lanes);
+    ptrdiff_t next_done = 0;
+    if (next->x != NULL && (!streamed || next->ahead_x != NULL)) {
+        rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
+                               sum_streamed, &inv, next, 1, &next_lanes, &next_done);
+    }
+    else {
+        rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
+                               sum_streamed, &inv, next, 0, &next_lanes, &next_done);
+    }
+    if (next->x == NULL) {
+        rms_dd none = {0.0, 0.0};
+        return none;
+    }
+    return rms_reduce_row(xk, with_residual, &next_lanes, next_done, n, next);
+}
+
+#endif

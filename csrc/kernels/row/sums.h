@@ -1,0 +1,323 @@
+/*
+ * The row's sums: lanes of double accumulators, their fixed-order total,
+ * the squares and the backward's dot product added into them, how far a
+ * plain sum may be from exact, and inv_rms of rows whose squares leave
+ * double's range. Part of the row kernels (row_kernels.h).
+ */
+#ifndef RMSNORM_KERNELS_ROW_SUMS_H
+#define RMSNORM_KERNELS_ROW_SUMS_H
+
+/* RMS_LANES running sums, each with the error terms of a compensated sum. */
+typedef struct {
+    rms_vd sum[RMS_ACCUMULATORS], comp[RMS_ACCUMULATORS];
+} rms_lanes;
+
+RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
+{
+    RMS_UNROLL
+    for (int k = 0; k < RMS_ACCUMULATORS; k++) {
+        lanes->sum[k] = rms_vd_set(0.0);
+        lanes->comp[k] = rms_vd_set(0.0);
+    }
+}
+
+/* s + err == a + b exactly, lane by lane: rms_two_sum a vector at a time. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_two_sum(rms_vd a, rms_vd b, rms_vd *err)
+{
+    const rms_vd s = rms_vd_add(a, b);
+    const rms_vd b_virtual = rms_vd_sub(s, a);
+    *err = rms_vd_add(rms_vd_sub(a, rms_vd_sub(s, b_virtual)), rms_vd_sub(b, b_virtual));
+    return s;
+}
+
+/* The first `count` lanes summed in a fixed order: pairwise, as
+   rms_dd_sum_lanes adds them, exactly where the lanes are compensated sums
+   (float64's squares, or a product with one), else in plain double, whose
+   lanes are rounded sums already: a row of 16-bit or float32 values gains
+   a few roundings of 2^-53 on its sum, and saves the two-sums' latency on
+   every row. The levels that add whole vectors, lane j of vector k to lane
+   j of vector k + half, run here in registers, and the last vector's lanes
+   go through memory. (All levels in memory cost a store and a load each,
+   and the narrow ones waited on the wide ones' stores: about a third of a
+   row's time at 256 columns.) */
+RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int compensated)
+{
+    rms_vd sum[RMS_ACCUMULATORS], comp[RMS_ACCUMULATORS];
+    RMS_UNROLL
+    for (int k = 0; k < RMS_ACCUMULATORS; k++) {
+        sum[k] = lanes->sum[k];
+        comp[k] = lanes->comp[k];
+    }
+    /* from a constant, so that the trip count is one without inlining too */
+    RMS_UNROLL
+    for (int half = RMS_ACCUMULATORS / 2; half >= 1; half /= 2) {
+        if (2 * half > count / RMS_VD_WIDTH) {
+            continue; /* past the first count lanes */
+        }
+        RMS_UNROLL
+        for (int k = 0; k < half; k++) {
+            if (compensated) {
+                rms_vd err;
+                sum[k] = rms_vd_two_sum(sum[k], sum[k + half], &err);
+                comp[k] = rms_vd_add(comp[k], rms_vd_add(comp[k + half], err));
+            }
+            else {
+                sum[k] = rms_vd_add(sum[k], sum[k + half]);
+            }
+        }
+    }
+    double last_sum[RMS_VD_WIDTH], last_comp[RMS_VD_WIDTH];
+    rms_vd_store((char *)last_sum, sum[0], 0);
+    if (compensated) {
+        rms_vd_store((char *)last_comp, comp[0], 0);
+        return rms_dd_sum_lanes(RMS_VD_WIDTH, last_sum, last_comp);
+    }
+    RMS_UNROLL
+    for (int half = RMS_VD_WIDTH / 2; half >= 1; half /= 2) {
+        RMS_UNROLL
+        for (int k = 0; k < half; k++) {
+            last_sum[k] += last_sum[k + half];
+        }
+    }
+    const rms_dd total = {last_sum[0], 0.0};
+    return total;
+}
+
+/* Adds a * b to one accumulator: plain where the product is exact in
+   double (float operands) and no compensation is asked for; else with the
+   sum's rounding error in comp, and the product's own error too where it
+   may have one (a float64 operand). */
+RMS_ALWAYS_INLINE void rms_accumulate(int compensated, int product_exact, rms_vd *sum,
+                                      rms_vd *comp, rms_vd a, rms_vd b)
+{
+    if (!compensated) {
+        *sum = rms_vd_muladd(a, b, *sum); /* the product is exact: fused or not, one rounding */
+        return;
+    }
+    const rms_vd p = rms_vd_mul(a, b);
+    rms_vd s_err;
+    *sum = rms_vd_two_sum(*sum, p, &s_err);
+    *comp = product_exact ? rms_vd_add(*comp, s_err)
+                          : rms_vd_add(*comp, rms_vd_add(s_err, rms_vd_product_error(a, b, p)));
+}
+
+/* Whether the forward sums the squares of kind in plain double: float32
+   and narrower, whose squares are exact in double, the sum within
+   rms_sum_error of exact; float64's sums are compensated. */
+RMS_ALWAYS_INLINE int rms_squares_are_plain(rms_kind kind) { return rms_kind_is_float_exact(kind); }
+
+/* Adds the squares of block b of RMS_LANES elements, times scale where
+   scaled, into its lanes: compensated where the squares are not exact in
+   double, or where asked for. */
+RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, int compensated, rms_lanes *lanes, int b,
+                                             const rms_block *v, int scaled, double scale)
+{
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        const rms_vd e = scaled ? rms_vd_mul(v->part[h], rms_vd_set(scale)) : v->part[h];
+        const int k = b * RMS_VD_PER_VF + h;
+        /* a scaled square need not be exact */
+        rms_accumulate(compensated || !rms_squares_are_plain(xk),
+                       rms_squares_are_plain(xk) && !scaled, &lanes->sum[k], &lanes->comp[k], e,
+                       e);
+    }
+}
+
+/* Adds the squares of x[i, i + count), count <= RMS_LANES, times scale
+   where scaled, into lanes 0 to count - 1. */
+RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, int compensated, rms_lanes *lanes,
+                                       const char *x, ptrdiff_t xs, ptrdiff_t i, ptrdiff_t count,
+                                       int scaled, double scale)
+{
+    RMS_UNROLL
+    for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
+        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
+        if (offset >= count) {
+            break;
+        }
+        const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
+        const rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, block_count);
+        rms_add_block_squares(xk, compensated, lanes, b, &v, scaled, scale);
+    }
+}
+
+/* sum(x^2) over a row, each square times scale where scaled: compensated
+   where rms_add_block_squares says. */
+RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, int compensated, ptrdiff_t n, const char *x,
+                                         ptrdiff_t xs, int scaled, double scale)
+{
+    rms_lanes lanes;
+    rms_lanes_clear(&lanes);
+    ptrdiff_t i = 0;
+    for (; i + RMS_LANES <= n; i += RMS_LANES) {
+        rms_add_squares(xk, compensated, &lanes, x, xs, i, RMS_LANES, scaled, scale);
+    }
+    if (i < n) {
+        rms_add_squares(xk, compensated, &lanes, x, xs, i, n - i, scaled, scale);
+    }
+    return rms_lanes_total(&lanes, RMS_LANES, compensated || !rms_squares_are_plain(xk));
+}
+
+/* inv_rms of a row of float32 or narrower values from a compensated sum
+   of squares, as close to exact as float64's, for the rows whose plain
+   sum cannot settle every output (rms_forward_row). Out of line: inlined,
+   it cost the write loops registers. */
+RMS_NOINLINE rms_dd rms_exact_inv_rms(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
+                                      double eps)
+{
+    return rms_inv_rms_from_sum(rms_sum_squares(xk, 1, n, x, xs, 0, 1.0), (double)n, eps);
+}
+
+/*
+ * How far, relative, inv_rms worked out from a plain sum of squares
+ * (rms_squares_are_plain) may be from the exact sum's. The squares are
+ * nonnegative, and each passes through at most ceil(n / RMS_LANES) adds in
+ * its lane and log2(RMS_LANES) in the lanes' total, each a rounding of
+ * 2^-53 relative to a partial sum: k such adds leave the sum within
+ * k 2^-53 / (1 - k 2^-53) of exact. mean + eps carries that error times
+ * mean / (mean + eps), which is at most 1 unless eps is negative, and the
+ * square root halves it; the factor 1 + 2^-20 covers the second-order
+ * terms and this bound's own roundings. Infinite where mean + eps is not
+ * positive: the sum's error may decide its sign.
+ */
+static inline double rms_sum_error(ptrdiff_t n, double sum_squares, double eps)
+{
+    int depth = 0;
+    for (int lanes = RMS_LANES; lanes > 1; lanes /= 2) {
+        depth++;
+    }
+    const double adds = (double)((n + RMS_LANES - 1) / RMS_LANES + depth);
+    const double sum_error = adds * 0x1p-53 / (1.0 - adds * 0x1p-53);
+    const double mean = sum_squares / (double)n;
+    const double mean_plus_eps = mean + eps;
+    if (!(mean_plus_eps > 0.0)) {
+        return INFINITY;
+    }
+    return 0.5 * sum_error * (mean / mean_plus_eps) * (1.0 + 0x1p-20);
+}
+
+/* Whether the backward's sum(g w x) carries its rounding errors: where x or
+   w is float64. Of narrower operands it is a plain sum in double. */
+RMS_ALWAYS_INLINE int rms_dot_is_compensated(rms_kind xk, rms_kind wk)
+{
+    return !(rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk));
+}
+
+/* Adds x^2 and grad_output * weight * x over [i, i + count), count <=
+   RMS_DOT_LANES, into the first RMS_DOT_LANES lanes of each. */
+RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lanes *squares,
+                                               rms_lanes *dot, const char *x, ptrdiff_t xs,
+                                               const char *grad_output,
+                                               ptrdiff_t grad_output_stride, const double *w,
+                                               ptrdiff_t i, ptrdiff_t count)
+{
+    const int compensated_dot = rms_dot_is_compensated(xk, wk);
+    RMS_UNROLL
+    for (int b = 0; b < RMS_DOT_LANES / RMS_VF_WIDTH; b++) {
+        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
+        if (offset >= count) {
+            break;
+        }
+        const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
+        const ptrdiff_t at = i + offset;
+        rms_block xv = rms_load_doubles(xk, rms_element(x, at, xs), xs, block_count);
+        rms_block grad_output_v = rms_load_doubles(
+            xk, rms_element(grad_output, at, grad_output_stride), grad_output_stride, block_count);
+        rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(w + at), 8, block_count);
+        RMS_UNROLL
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            const int k = b * RMS_VD_PER_VF + h;
+            const rms_vd g = rms_vd_mul(grad_output_v.part[h], wv.part[h]);
+            rms_accumulate(!rms_kind_is_float_exact(xk), 0, &squares->sum[k], &squares->comp[k],
+                           xv.part[h], xv.part[h]);
+            rms_accumulate(compensated_dot, 0, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
+        }
+    }
+}
+
+/* inv_rms as inv * 2^exponent, for rows where inv_rms itself would leave
+   double's normal range. */
+typedef struct {
+    rms_dd inv;
+    int exponent;
+} rms_scaled_inv;
+
+/*
+ * inv_rms of a row whose plain sum of squares left the safe range: scale
+ * the row by a power of two (exact) so that its largest element is near 1,
+ * and sum again; inv is the scaled row's, and the scale is the exponent.
+ * This is what keeps float64 rows near 1e160 or 1e-170 exact where a naive
+ * square overflows or underflows. Float32 and narrower rows never get
+ * here: their squares are exact in double.
+ */
+static inline rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const char *x,
+                                                ptrdiff_t xs, double eps, rms_dd unscaled)
+{
+    rms_scaled_inv result = {{0.0, 0.0}, 0};
+    double amax = 0.0;
+    for (ptrdiff_t i = 0; i < n; i++) {
+        double a = fabs(rms_load_scalar(xk, rms_element(x, i, xs)));
+        amax = (a > amax || isnan(a)) && !isnan(amax) ? a : amax; /* NaN sticks */
+    }
+    if (isnan(amax) || amax == 0.0) {
+        result.inv = rms_inv_rms_from_sum(unscaled, (double)n, eps); /* NaN, or 1/sqrt(eps) */
+        return result;
+    }
+    if (isinf(amax)) {
+        /* mean(x^2) is inf, so inv_rms is 0 (NaN if eps is NaN or -inf), as in
+           torch; the unscaled sum may hold NaN from its error terms instead. */
+        rms_dd infinite = {INFINITY + eps, 0.0};
+        result.inv = rms_dd_rsqrt(infinite);
+        return result;
+    }
+    int exponent;
+    frexp(amax, &exponent);
+    if (exponent < -1021) {
+        exponent = -1021; /* a subnormal amax: 2^-exponent would overflow */
+    }
+    double scaled_eps = ldexp(eps, -2 * exponent);
+    if (isinf(scaled_eps)) {
+        /* eps dwarfs mean(x^2) by more than 2^1000: only eps counts. */
+        rms_dd zero = {0.0, 0.0};
+        result.inv = rms_inv_rms_from_sum(zero, (double)n, eps);
+        return result;
+    }
+    rms_dd scaled = rms_sum_squares(xk, 0, n, x, xs, 1, ldexp(1.0, -exponent));
+    result.inv = rms_inv_rms_from_sum(scaled, (double)n, scaled_eps);
+    result.exponent = -exponent;
+    return result;
+}
+
+/* Whether inv_rms, unscaled, keeps the precision that the vector write
+   passes need: a normal double whose low part is normal too, and whose
+   products with the row's elements neither overflow nor underflow. A
+   positive finite inv only: the others are the same unscaled. */
+static inline int rms_scaled_inv_in_range(rms_scaled_inv s)
+{
+    if (s.exponent == 0 || !(s.inv.hi > 0.0) || isinf(s.inv.hi)) {
+        return 1;
+    }
+    const int binade = ilogb(s.inv.hi) + s.exponent;
+    return binade >= -960 && binade <= 960;
+}
+
+/* The same inv_rms with inv in [0.5, 1): where eps dominates mean(x^2),
+   the scaled row's inv is far from 1, and its powers would overflow or
+   underflow. inv positive and finite. */
+static inline rms_scaled_inv rms_scaled_inv_normalised(rms_scaled_inv s)
+{
+    int binade;
+    frexp(s.inv.hi, &binade);
+    s.inv.hi = ldexp(s.inv.hi, -binade);
+    s.inv.lo = ldexp(s.inv.lo, -binade);
+    s.exponent += binade;
+    return s;
+}
+
+static inline rms_dd rms_scaled_inv_value(rms_scaled_inv s)
+{
+    rms_dd value = {ldexp(s.inv.hi, s.exponent), ldexp(s.inv.lo, s.exponent)};
+    return value;
+}
+
+#endif
