@@ -2,7 +2,7 @@
  * Double-double helpers for the per-row scalar work.
  *
  * A row's sum of squares is carried as hi + lo so that a float64 row keeps
- * the few extra bits that the 2-ULP accuracy goal needs; inv_rms is then
+ * the extra bits that rounding each output once needs; inv_rms is then
  * refined with one Newton step in double-double. All of this runs once per
  * row, so it costs nothing next to the memory traffic of the row itself.
  *

@@ -48,8 +48,9 @@ typedef struct {
  * the same order either way.
  */
 typedef struct {
-    /* Returns 0, or the bytes of scratch memory (a weight offset's 2n
-       doubles) it could not have, having written nothing. */
+    /* Returns 0, or, for rows with weights or offsets of their own, the
+       bytes of the weight's scratch (2n doubles for an offset, and n
+       floats) it could not have, having written no row. */
     size_t (*forward_rows)(const rms_forward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end);
     void (*backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,
                           const double *weight, double *grad_weight_partial);
