@@ -79,6 +79,15 @@ static void copy_matrix(rms_matrix dst, rms_matrix src, ptrdiff_t rows, ptrdiff_
     }
 }
 
+rms_matrix rms_rows_copy(rms_matrix m, ptrdiff_t rows, ptrdiff_t n, ptrdiff_t size, char *dst)
+{
+    const ptrdiff_t copied_rows = m.row_stride == 0 ? 1 : rows;
+    const rms_matrix copy = {dst, m.row_stride == 0 ? 0 : (ptrdiff_t)packed_row_stride(n, size),
+                             size};
+    copy_matrix(copy, m, copied_rows, n, size, by_columns(m, copied_rows));
+    return copy;
+}
+
 rms_matrix rms_rows_packed(rms_matrix m, ptrdiff_t begin, ptrdiff_t rows, ptrdiff_t n,
                            ptrdiff_t size, char **scratch, int copy_in)
 {
@@ -90,10 +99,29 @@ rms_matrix rms_rows_packed(rms_matrix m, ptrdiff_t begin, ptrdiff_t rows, ptrdif
     const rms_matrix packed = {*scratch,
                                m.row_stride == 0 ? 0 : (ptrdiff_t)packed_row_stride(n, size), size};
     *scratch += rms_packed_bytes(packed_rows, n, size);
-    if (copy_in) {
-        copy_matrix(packed, at, packed_rows, n, size, by_columns(at, packed_rows));
+    return copy_in ? rms_rows_copy(at, rows, n, size, packed.data) : packed;
+}
+
+/* The lowest and one past the highest byte of rows [0, rows) of m. */
+static void extent(rms_matrix m, ptrdiff_t rows, ptrdiff_t n, ptrdiff_t size, uintptr_t *low,
+                   uintptr_t *high)
+{
+    const ptrdiff_t row_span = (rows - 1) * m.row_stride, span = (n - 1) * m.stride;
+    const uintptr_t base = (uintptr_t)m.data;
+    *low = base - (uintptr_t)((row_span < 0 ? -row_span : 0) + (span < 0 ? -span : 0));
+    *high = base + (uintptr_t)((row_span > 0 ? row_span : 0) + (span > 0 ? span : 0) + size);
+}
+
+int rms_rows_overlap(rms_matrix a, ptrdiff_t a_size, rms_matrix b, ptrdiff_t b_size,
+                     ptrdiff_t rows, ptrdiff_t n)
+{
+    if (a.data == NULL || b.data == NULL || rows <= 0 || n <= 0) {
+        return 0;
     }
-    return packed;
+    uintptr_t a_low, a_high, b_low, b_high;
+    extent(a, rows, n, a_size, &a_low, &a_high);
+    extent(b, rows, n, b_size, &b_low, &b_high);
+    return a_low < b_high && b_low < a_high;
 }
 
 void rms_rows_unpack(rms_matrix m, ptrdiff_t begin, rms_matrix packed, ptrdiff_t rows,

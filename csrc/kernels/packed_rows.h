@@ -29,6 +29,15 @@ size_t rms_packed_bytes(ptrdiff_t rows, ptrdiff_t n, ptrdiff_t size);
 rms_matrix rms_rows_packed(rms_matrix m, ptrdiff_t begin, ptrdiff_t rows, ptrdiff_t n,
                            ptrdiff_t size, char **scratch, int copy_in);
 
+/* A packed copy of rows [0, rows) of m (one row where m's row stride is
+   0) at dst, which holds rms_packed_bytes of them. */
+rms_matrix rms_rows_copy(rms_matrix m, ptrdiff_t rows, ptrdiff_t n, ptrdiff_t size, char *dst);
+
+/* Whether rows [0, rows) of a and of b, n elements each of a_size and
+   b_size bytes, may share a byte: whether their spans in memory meet. */
+int rms_rows_overlap(rms_matrix a, ptrdiff_t a_size, rms_matrix b, ptrdiff_t b_size,
+                     ptrdiff_t rows, ptrdiff_t n);
+
 /* Copies rows written into `packed` (from rms_rows_packed) back to rows
    [begin, begin + rows) of m, where they are not m's own. */
 void rms_rows_unpack(rms_matrix m, ptrdiff_t begin, rms_matrix packed, ptrdiff_t rows,

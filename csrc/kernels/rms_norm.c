@@ -207,28 +207,39 @@ static char *packed_scratch_alloc(size_t per_thread, int threads, rms_type type,
 }
 
 /*
- * A shared weight that is not contiguous (a stride-0 row of ones, which is
- * how weight=None reaches the kernels, or a strided view), packed once for
- * the call into the memory it returns, which the caller frees, and made to
- * point there. Where that copy is not to be had, as for packed rows, the
- * kernels are made the strided ones.
+ * The weight as the kernels read it, in *copy where it is copied (the
+ * caller frees it). A shared weight that is not contiguous (a stride-0 row
+ * of ones, which is how weight=None reaches the kernels, or a strided
+ * view) is packed once for the call; where that copy is not to be had, as
+ * for packed rows, the kernels are made the strided ones. A weight that an
+ * output overlaps is copied whole whatever its strides: the kernels read
+ * the weight while they write, and NumPy makes no copy of its own where an
+ * output is the weight itself. Returns 0, or the bytes that copy needed
+ * and could not have.
  */
-static char *pack_shared_weight(rms_type type, ptrdiff_t n, const char **data,
-                                ptrdiff_t *stride, const rms_kernels **kernels)
+static size_t weight_for_kernels(rms_type type, ptrdiff_t rows, ptrdiff_t n, rms_matrix *weight,
+                                 int overwritten, const rms_kernels **kernels, char **copy)
 {
     const ptrdiff_t size = rms_kind_size(rms_type_table[type].weight);
-    if (*stride == size || n <= 0) {
-        return NULL;
+    *copy = NULL;
+    if (n <= 0 || (!overwritten && (weight->row_stride != 0 || weight->stride == size))) {
+        return 0;
     }
-    char *copy = packed_scratch_alloc(rms_packed_bytes(1, n, size), 1, type, kernels);
-    if (copy != NULL) {
-        char *cursor = copy;
-        const rms_matrix weight = {(char *)*data, 0, *stride};
-        const rms_matrix packed = rms_rows_packed(weight, 0, 1, n, size, &cursor, 1);
-        *data = packed.data;
-        *stride = packed.stride;
+    const size_t bytes = rms_packed_bytes(weight->row_stride == 0 ? 1 : rows, n, size);
+    if (overwritten) {
+        *copy = bytes == SIZE_MAX ? NULL : aligned_alloc(64, bytes);
+        if (*copy == NULL) {
+            return bytes;
+        }
     }
-    return copy;
+    else {
+        *copy = packed_scratch_alloc(bytes, 1, type, kernels);
+        if (*copy == NULL) {
+            return 0; /* read strided */
+        }
+    }
+    *weight = rms_rows_copy(*weight, rows, n, size, *copy);
+    return 0;
 }
 
 /*
@@ -280,17 +291,22 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
     if (job.chunks.count == 0) {
         return 0;
     }
-    char *weight_copy = NULL;
-    if (p.weight.row_stride == 0) {
-        const char *weight = p.weight.data;
-        weight_copy = pack_shared_weight(type, p.n, &weight, &p.weight.stride, &job.kernels);
-        p.weight.data = (char *)weight;
+    const ptrdiff_t es = rms_kind_size(rms_type_table[type].x);
+    const ptrdiff_t ws = rms_kind_size(rms_type_table[type].weight);
+    const int weight_overwritten =
+        rms_rows_overlap(p.y, es, p.weight, ws, rows, p.n) ||
+        (p.residual.data != NULL && rms_rows_overlap(p.residual_out, es, p.weight, ws, rows, p.n));
+    char *weight_copy;
+    size_t failed_bytes =
+        weight_for_kernels(type, rows, p.n, &p.weight, weight_overwritten, &job.kernels,
+                           &weight_copy);
+    if (failed_bytes != 0) {
+        return failed_bytes;
     }
     const int threads = threads_for(&job.chunks, p.n);
     job.packed_per_thread = forward_packed_bytes(type, &p, job.chunks.rows_per_chunk);
     job.packed = packed_scratch_alloc(job.packed_per_thread, threads, type, &job.kernels);
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
-    size_t failed_bytes = 0;
     rms_forward_weight_scratch prepared = {NULL, NULL, NULL, NULL};
     if (p.weight.row_stride == 0 && (p.weight_offset == NULL || p.weight_offset_stride == 0)) {
         failed_bytes = prepare_forward_weight(type, job.kernels, &p, &prepared);
@@ -485,7 +501,19 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     if (scratch == NULL) {
         return scratch_bytes;
     }
-    char *weight_copy = pack_shared_weight(type, p.n, &p.weight, &p.weight_stride, &job.kernels);
+    rms_matrix weight = {(char *)p.weight, 0, p.weight_stride};
+    const int weight_overwritten =
+        rms_rows_overlap(p.grad_input, rms_kind_size(job.x_kind), weight,
+                         rms_kind_size(rms_type_table[type].weight), rows, p.n);
+    char *weight_copy;
+    const size_t failed_bytes = weight_for_kernels(type, rows, p.n, &weight, weight_overwritten,
+                                                   &job.kernels, &weight_copy);
+    if (failed_bytes != 0) {
+        free(scratch);
+        return failed_bytes;
+    }
+    p.weight = weight.data;
+    p.weight_stride = weight.stride;
     job.packed_per_thread = backward_packed_bytes(job.x_kind, &p, job.chunks.rows_per_chunk);
     job.packed = packed_scratch_alloc(job.packed_per_thread, chunked ? threads : 1, type,
                                       &job.kernels);

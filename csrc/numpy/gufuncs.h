@@ -17,8 +17,8 @@ int rms_register_bfloat16(PyObject *module, int type_num);
 void rms_raise_no_memory(size_t bytes, const char *what, Py_ssize_t n);
 
 /* What the forward's and the backward's scratch holds, for that message. */
-#define RMS_FORWARD_SCRATCH "the weight offset added to the weight"
-#define RMS_BACKWARD_SCRATCH "the weight and grad_weight's sum as doubles"
+#define RMS_FORWARD_SCRATCH "the weight: a copy of it, or the offset added to it"
+#define RMS_BACKWARD_SCRATCH "the weight (a copy, and as doubles) and grad_weight's sum"
 
 /* The (x, weight, eps) dtype names of every loop, in the order NumPy tries
    them: a new reference, or NULL with an exception set. */
