@@ -19,6 +19,7 @@
 #define RMS_VECTOR_BYTES 32
 #define RMS_HAVE_FMA 1
 #define RMS_HAVE_STREAM 1
+#define RMS_HAVE_LOAD_WIDENED 1 /* rms_vd_load_widened says why */
 /* Heads and tails go through packed copies. AVX2 has no masked moves of
    16-bit elements; with its 32- and 64-bit ones (vmaskmov) for those
    kinds, the forward and backward of 256- to 4096-column rows on NumPy's
@@ -93,13 +94,14 @@ RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Loads 8 elements of a 32- or 16-bit kind, widened to float (exact). */
-RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
+RMS_ALWAYS_INLINE rms_vf rms_vf_load_f32(const char *p)
 {
-    if (kind == RMS_KIND_F32) {
-        return _mm256_loadu_ps((const float *)(const void *)p);
-    }
-    return rms_vh_widen(kind, _mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_loadu_ps((const float *)(const void *)p);
+}
+
+RMS_ALWAYS_INLINE rms_vh rms_vh_load(const char *p)
+{
+    return _mm_loadu_si128((const __m128i *)(const void *)p);
 }
 
 /* The top halves of 8 32-bit lanes, as unsigned 16-bit values, packed in
@@ -124,7 +126,7 @@ RMS_ALWAYS_INLINE __m256i rms_vf_bf16_in_top_halves(rms_vf v)
 }
 
 /* float to bfloat16 bits, as rms_vf_bf16_in_top_halves rounds. */
-RMS_ALWAYS_INLINE rms_vh rms_vf_to_bf16(rms_vf v)
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_bfloat16(rms_vf v)
 {
     return rms_top_halves(rms_vf_bf16_in_top_halves(v));
 }
@@ -186,22 +188,11 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
     }
 }
 
-/* 8 floats to float16 or bfloat16 patterns, each rounded once to nearest,
-   ties to even. */
-RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
+/* Stores 8 floats; with stream, p is vector-aligned and the store
+   bypasses the cache. */
+RMS_ALWAYS_INLINE void rms_vf_store_f32(char *p, rms_vf v, int stream)
 {
-    return kind == RMS_KIND_F16 ? rms_vf_to_float16(v) : rms_vf_to_bf16(v);
-}
-
-/* Stores 8 floats narrowed to a 32- or 16-bit kind, each rounded once to
-   nearest, ties to even. With stream, p is vector-aligned and the stores
-   bypass the cache. */
-RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
-{
-    if (kind != RMS_KIND_F32) {
-        rms_vh_store(p, rms_vf_narrow16(kind, v), stream);
-    }
-    else if (stream) {
+    if (stream) {
         _mm256_stream_ps((float *)(void *)p, v);
     }
     else {
@@ -237,7 +228,7 @@ RMS_ALWAYS_INLINE void rms_vd_load_widened(rms_kind kind, const char *p, rms_vd 
 {
     switch (kind) {
     case RMS_KIND_F16: {
-        const rms_vf floats = rms_vf_load(kind, p);
+        const rms_vf floats = rms_vh_widen(kind, rms_vh_load(p));
         parts[0] = rms_vd_widen(floats, 0);
         parts[1] = rms_vd_widen(floats, 1);
         return;
@@ -311,5 +302,7 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
 }
 
 RMS_ALWAYS_INLINE void rms_stream_fence(void) { _mm_sfence(); }
+
+#include "vec_derived.h"
 
 #endif

@@ -18,6 +18,7 @@
 #define RMS_VECTOR_BYTES 64
 #define RMS_HAVE_FMA 1
 #define RMS_HAVE_STREAM 1
+#define RMS_HAVE_LOAD_WIDENED 1 /* rms_vd_load_widened says why */
 #define RMS_HAVE_MASKED 1
 
 typedef __m512 rms_vf;
@@ -93,13 +94,14 @@ RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
         _mm512_maskz_permutexvar_epi16(0xaaaaaaaau, to_top_halves, _mm512_castsi256_si512(h)));
 }
 
-/* Loads 16 elements of a 32- or 16-bit kind, widened to float (exact). */
-RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
+RMS_ALWAYS_INLINE rms_vf rms_vf_load_f32(const char *p)
 {
-    if (kind == RMS_KIND_F32) {
-        return _mm512_loadu_ps((const float *)(const void *)p);
-    }
-    return rms_vh_widen(kind, _mm256_loadu_si256((const __m256i *)(const void *)p));
+    return _mm512_loadu_ps((const float *)(const void *)p);
+}
+
+RMS_ALWAYS_INLINE rms_vh rms_vh_load(const char *p)
+{
+    return _mm256_loadu_si256((const __m256i *)(const void *)p);
 }
 
 /* The first count lanes of a vector, 0 <= count <= its width. */
@@ -115,12 +117,14 @@ RMS_ALWAYS_INLINE __mmask16 rms_first_lanes(ptrdiff_t count)
    backward of 256-column rows took a fifth to a quarter longer. The
    masked-off lanes are zero, as in a packed copy, and never touched in
    memory. */
-RMS_ALWAYS_INLINE rms_vf rms_vf_load_first(rms_kind kind, const char *p, ptrdiff_t count)
+RMS_ALWAYS_INLINE rms_vf rms_vf_load_first_f32(const char *p, ptrdiff_t count)
 {
-    if (kind == RMS_KIND_F32) {
-        return _mm512_maskz_loadu_ps(rms_first_lanes(count), p);
-    }
-    return rms_vh_widen(kind, _mm256_maskz_loadu_epi16(rms_first_lanes(count), p));
+    return _mm512_maskz_loadu_ps(rms_first_lanes(count), p);
+}
+
+RMS_ALWAYS_INLINE rms_vh rms_vh_load_first(const char *p, ptrdiff_t count)
+{
+    return _mm256_maskz_loadu_epi16(rms_first_lanes(count), p);
 }
 
 RMS_ALWAYS_INLINE rms_vd rms_vd_load_first(const char *p, ptrdiff_t count)
@@ -153,7 +157,7 @@ RMS_ALWAYS_INLINE __m512i rms_vf_bf16_in_top_halves(rms_vf v)
 }
 
 /* float to bfloat16 bits, as rms_vf_bf16_in_top_halves rounds. */
-RMS_ALWAYS_INLINE __m256i rms_vf_to_bf16(rms_vf v)
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_bfloat16(rms_vf v)
 {
     return rms_top_halves(rms_vf_bf16_in_top_halves(v));
 }
@@ -209,22 +213,11 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
     }
 }
 
-/* 16 floats to float16 or bfloat16 patterns, each rounded once to nearest,
-   ties to even. */
-RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
+/* Stores 16 floats; with stream, p is vector-aligned and the store
+   bypasses the cache. */
+RMS_ALWAYS_INLINE void rms_vf_store_f32(char *p, rms_vf v, int stream)
 {
-    return kind == RMS_KIND_F16 ? rms_vf_to_float16(v) : rms_vf_to_bf16(v);
-}
-
-/* Stores 16 floats narrowed to a 32- or 16-bit kind, each rounded once to
-   nearest, ties to even. With stream, p is vector-aligned and the stores
-   bypass the cache. */
-RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
-{
-    if (kind != RMS_KIND_F32) {
-        rms_vh_store(p, rms_vf_narrow16(kind, v), stream);
-    }
-    else if (stream) {
+    if (stream) {
         _mm512_stream_ps((float *)(void *)p, v);
     }
     else {
@@ -237,14 +230,9 @@ RMS_ALWAYS_INLINE void rms_vh_store_first(char *p, rms_vh v, ptrdiff_t count)
     _mm256_mask_storeu_epi16(p, rms_first_lanes(count), v);
 }
 
-RMS_ALWAYS_INLINE void rms_vf_store_first(rms_kind kind, char *p, rms_vf v, ptrdiff_t count)
+RMS_ALWAYS_INLINE void rms_vf_store_first_f32(char *p, rms_vf v, ptrdiff_t count)
 {
-    if (kind != RMS_KIND_F32) {
-        rms_vh_store_first(p, rms_vf_narrow16(kind, v), count);
-    }
-    else {
-        _mm512_mask_storeu_ps(p, rms_first_lanes(count), v);
-    }
+    _mm512_mask_storeu_ps(p, rms_first_lanes(count), v);
 }
 
 RMS_ALWAYS_INLINE void rms_vd_store_first(char *p, rms_vd v, ptrdiff_t count)
@@ -285,7 +273,7 @@ RMS_ALWAYS_INLINE void rms_vd_load_widened(rms_kind kind, const char *p, rms_vd 
         }
         return;
     case RMS_KIND_BF16: {
-        const rms_vf floats = rms_vf_load(kind, p);
+        const rms_vf floats = rms_vh_widen(kind, rms_vh_load(p));
         parts[0] = rms_vd_widen(floats, 0);
         parts[1] = rms_vd_widen(floats, 1);
         return;
@@ -333,5 +321,7 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
 }
 
 RMS_ALWAYS_INLINE void rms_stream_fence(void) { _mm_sfence(); }
+
+#include "vec_derived.h"
 
 #endif

@@ -3,33 +3,44 @@
  * one float or one double, in plain C, so it builds and runs everywhere.
  *
  * Every instruction set's vocabulary (vec_*.h) defines the same names, and
- * the row kernels (row_kernels.h) are written against them alone:
+ * the row kernels (row_kernels.h) are written against them alone. A
+ * vec_*.h defines the primitives, the entries its instructions make
+ * directly; the derived entries are built from those once, in
+ * vec_derived.h, which each vec_*.h includes last.
+ *
+ * Primitives:
  *
  *   RMS_VF_WIDTH, RMS_VD_WIDTH  floats and doubles a vector (VF = 2 * VD,
  *                               or both 1 here)
  *   RMS_VECTOR_BYTES            the alignment that full stores like
  *   RMS_HAVE_FMA                1 where a * b + c can be fused in one rounding
  *   RMS_HAVE_STREAM             1 where stores can bypass the cache
+ *   RMS_HAVE_LOAD_WIDENED       1 where rms_vd_load_widened is a primitive
+ *                               (some kinds convert from memory straight to
+ *                               double), 0 where it is derived
  *   RMS_HAVE_MASKED             1 where the first count elements of a block
  *                               load and store as one masked vector, with:
- *     rms_vf_load_first(kind, p, count), rms_vd_load_first(p, count)
- *                               as rms_vf_load and rms_vd_load, zero from
- *                               lane count on (0 < count < the width); the
- *                               lanes past count are never read
- *     rms_vf_store_first(kind, p, v, count), rms_vh_store_first(p, v, count),
+ *     rms_vf_load_first_f32(p, count), rms_vh_load_first(p, count),
+ *     rms_vd_load_first(p, count)       as rms_vf_load_f32, rms_vh_load and
+ *                               rms_vd_load, zero from lane count on
+ *                               (0 < count < the width); the lanes past
+ *                               count are never read
+ *     rms_vf_store_first_f32(p, v, count), rms_vh_store_first(p, v, count),
  *     rms_vd_store_first(p, v, count)   lanes 0 to count - 1 only
  *   rms_vf, rms_vd, rms_vh      the vector types (rms_vh: RMS_VF_WIDTH 16-bit
  *                               patterns, float16 or bfloat16)
- *   rms_vf_load(kind, p)        RMS_VF_WIDTH elements widened to float (exact)
- *   rms_vf_store(kind, p, v, stream)    narrowed, each rounded once to nearest
+ *   rms_vf_load_f32(p), rms_vf_store_f32(p, v, stream)  float32 elements;
+ *                               with stream, p is vector-aligned and the
+ *                               store bypasses the cache (where it can)
+ *   rms_vh_load(p), rms_vh_store(p, v, stream)  16-bit patterns
  *   rms_vh_widen(kind, h)       float16 or bfloat16 patterns to floats (exact)
- *   rms_vf_narrow16(kind, v)    floats to float16 or bfloat16 patterns, as
- *                               rms_vf_store rounds them
+ *   rms_vf_to_float16(v)        floats to float16 bits, to nearest even
+ *   rms_vf_to_bfloat16(v)       floats to bfloat16 bits, to nearest even, a
+ *                               NaN kept a quiet NaN
  *   rms_vd_load(p), rms_vd_store(p, v, stream)    doubles
  *   rms_vd_widen(v, part)       floats to doubles, part of RMS_VF_WIDTH / RMS_VD_WIDTH
- *   rms_vd_load_widened(kind, p, parts) RMS_VF_WIDTH elements of a 32- or 16-bit
- *                               kind as doubles (exact), in parts as rms_vd_widen
- *                               gives them
+ *   rms_vd_load_widened(kind, p, parts)  where RMS_HAVE_LOAD_WIDENED; else
+ *                               derived (below)
  *   rms_vf_narrow(parts)        doubles to floats, to nearest
  *   rms_vf_narrow_round_to_odd(parts)   doubles to floats, to odd
  *   rms_vd_round_to_odd(hi, err)        hi + err to odd
@@ -42,14 +53,28 @@
  *                               equals nothing)
  *   rms_vf_same(a, b)           whether every lane of a has b's bit pattern
  *   rms_stream_fence()          orders streamed stores before later reads
- *   rms_vf_to_float16(v)        floats to float16 bits, to nearest even
  *   rms_vf_top16_biased(v, bias)        the top 16 bits of each float's
  *                               pattern plus bias: bfloat16 bits rounded half
  *                               up (0x8000) or down (0x7fff), or off by ulps
  *   rms_vf_top16_agree(v, a, b)         whether those agree for biases a and b,
  *                               0 <= a < b < 2^16
- *   rms_vh_equal(a, b), rms_vh_store(p, v, stream)
+ *   rms_vh_equal(a, b)
  *   rms_vf_any_abnormal(v)      whether some lane is subnormal, infinite or NaN
+ *
+ * Derived (vec_derived.h):
+ *
+ *   rms_vf_load(kind, p)        RMS_VF_WIDTH elements of a 32- or 16-bit kind
+ *                               widened to float (exact)
+ *   rms_vf_store(kind, p, v, stream)    narrowed, each rounded once to nearest
+ *   rms_vf_narrow16(kind, v)    floats to float16 or bfloat16 patterns, as
+ *                               rms_vf_store rounds them
+ *   rms_vd_load_widened(kind, p, parts) RMS_VF_WIDTH elements of a 32- or 16-bit
+ *                               kind as doubles (exact), in parts as rms_vd_widen
+ *                               gives them (a primitive where
+ *                               RMS_HAVE_LOAD_WIDENED)
+ *   rms_vf_load_first(kind, p, count), rms_vf_store_first(kind, p, v, count)
+ *                               where RMS_HAVE_MASKED: as rms_vf_load and
+ *                               rms_vf_store, for the first count elements
  *
  * Rounding to odd is what lets a value be rounded twice, first to float and
  * then to 16 bits, as if once: the float keeps, in its last bit, whether
@@ -73,6 +98,7 @@
 #define RMS_VECTOR_BYTES 1
 #define RMS_HAVE_FMA 0
 #define RMS_HAVE_STREAM 0
+#define RMS_HAVE_LOAD_WIDENED 0 /* one float widened is all there is */
 #define RMS_HAVE_MASKED 0 /* one-element vectors are never partial */
 
 typedef float rms_vf;
@@ -147,24 +173,23 @@ RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
     return kind == RMS_KIND_F16 ? rms_half_to_float(h) : rms_bfloat16_to_float(h);
 }
 
-RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
+RMS_ALWAYS_INLINE rms_vf rms_vf_load_f32(const char *p)
 {
-    if (kind == RMS_KIND_F32) {
-        float value;
-        memcpy(&value, p, sizeof value);
-        return value;
-    }
+    float value;
+    memcpy(&value, p, sizeof value);
+    return value;
+}
+
+RMS_ALWAYS_INLINE rms_vh rms_vh_load(const char *p)
+{
     rms_vh bits;
     memcpy(&bits, p, sizeof bits);
-    return rms_vh_widen(kind, bits);
+    return bits;
 }
 
 RMS_ALWAYS_INLINE rms_vh rms_vf_to_float16(rms_vf v) { return rms_float_to_half(v); }
 
-RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
-{
-    return kind == RMS_KIND_F16 ? rms_float_to_half(v) : rms_float_to_bfloat16(v);
-}
+RMS_ALWAYS_INLINE rms_vh rms_vf_to_bfloat16(rms_vf v) { return rms_float_to_bfloat16(v); }
 
 RMS_ALWAYS_INLINE rms_vh rms_vf_top16_biased(rms_vf v, int32_t bias)
 {
@@ -186,15 +211,10 @@ RMS_ALWAYS_INLINE void rms_vh_store(char *p, rms_vh v, int stream)
     memcpy(p, &v, sizeof v);
 }
 
-RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
+RMS_ALWAYS_INLINE void rms_vf_store_f32(char *p, rms_vf v, int stream)
 {
     (void)stream;
-    if (kind != RMS_KIND_F32) {
-        rms_vh_store(p, rms_vf_narrow16(kind, v), 0);
-    }
-    else {
-        memcpy(p, &v, sizeof v);
-    }
+    memcpy(p, &v, sizeof v);
 }
 
 RMS_ALWAYS_INLINE rms_vd rms_vd_load(const char *p)
@@ -208,11 +228,6 @@ RMS_ALWAYS_INLINE void rms_vd_store(char *p, rms_vd v, int stream)
 {
     (void)stream;
     memcpy(p, &v, sizeof v);
-}
-
-RMS_ALWAYS_INLINE void rms_vd_load_widened(rms_kind kind, const char *p, rms_vd *parts)
-{
-    parts[0] = rms_vf_load(kind, p);
 }
 
 RMS_ALWAYS_INLINE rms_vd rms_vd_widen(rms_vf v, int part)
@@ -234,5 +249,7 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_round_to_odd(rms_vd hi, rms_vd err)
 }
 
 RMS_ALWAYS_INLINE void rms_stream_fence(void) {}
+
+#include "vec_derived.h"
 
 #endif

@@ -1,0 +1,85 @@
+/*
+ * The vocabulary entries that every instruction set builds the same way
+ * from its primitives: what each storage kind means for a load or a store,
+ * written once. Each vec_*.h includes this file last, after its primitives
+ * (vec_baseline.h lists which entries are which).
+ *
+ * Two flags leave entries out. Where a vocabulary's instructions do
+ * rms_vd_load_widened better than its primitives can, it defines that
+ * entry itself and RMS_HAVE_LOAD_WIDENED to 1. The partial-block entries
+ * exist only where RMS_HAVE_MASKED is 1, with the masked primitives.
+ */
+#ifndef RMSNORM_KERNELS_SIMD_VEC_DERIVED_H
+#define RMSNORM_KERNELS_SIMD_VEC_DERIVED_H
+
+#include <stddef.h>
+
+#include "../types.h"
+#include "common.h"
+
+/* RMS_VF_WIDTH floats to float16 or bfloat16 patterns, each rounded once
+   to nearest, ties to even. */
+RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
+{
+    return kind == RMS_KIND_F16 ? rms_vf_to_float16(v) : rms_vf_to_bfloat16(v);
+}
+
+/* Loads RMS_VF_WIDTH elements of a 32- or 16-bit kind, widened to float
+   (exact). */
+RMS_ALWAYS_INLINE rms_vf rms_vf_load(rms_kind kind, const char *p)
+{
+    if (kind == RMS_KIND_F32) {
+        return rms_vf_load_f32(p);
+    }
+    return rms_vh_widen(kind, rms_vh_load(p));
+}
+
+/* Stores RMS_VF_WIDTH floats narrowed to a 32- or 16-bit kind, each
+   rounded once to nearest, ties to even. With stream, p is vector-aligned
+   and the stores bypass the cache where RMS_HAVE_STREAM. */
+RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream)
+{
+    if (kind != RMS_KIND_F32) {
+        rms_vh_store(p, rms_vf_narrow16(kind, v), stream);
+    }
+    else {
+        rms_vf_store_f32(p, v, stream);
+    }
+}
+
+#if !RMS_HAVE_LOAD_WIDENED
+/* RMS_VF_WIDTH elements of a 32- or 16-bit kind, widened to double
+   (exact), in parts as rms_vd_widen gives them: through floats. */
+RMS_ALWAYS_INLINE void rms_vd_load_widened(rms_kind kind, const char *p, rms_vd *parts)
+{
+    const rms_vf floats = rms_vf_load(kind, p);
+    for (int part = 0; part < RMS_VF_WIDTH / RMS_VD_WIDTH; part++) {
+        parts[part] = rms_vd_widen(floats, part);
+    }
+}
+#endif
+
+#if RMS_HAVE_MASKED
+/* The first count elements of a block, 0 < count < RMS_VF_WIDTH, as
+   rms_vf_load and rms_vf_store move a whole one: zero from lane count on,
+   and the elements past count never touched in memory. */
+RMS_ALWAYS_INLINE rms_vf rms_vf_load_first(rms_kind kind, const char *p, ptrdiff_t count)
+{
+    if (kind == RMS_KIND_F32) {
+        return rms_vf_load_first_f32(p, count);
+    }
+    return rms_vh_widen(kind, rms_vh_load_first(p, count));
+}
+
+RMS_ALWAYS_INLINE void rms_vf_store_first(rms_kind kind, char *p, rms_vf v, ptrdiff_t count)
+{
+    if (kind != RMS_KIND_F32) {
+        rms_vh_store_first(p, rms_vf_narrow16(kind, v), count);
+    }
+    else {
+        rms_vf_store_first_f32(p, v, count);
+    }
+}
+#endif
+
+#endif
