@@ -378,8 +378,8 @@ def add_rms_norm(
 
     ``residual_out = input + residual``, rounded to the input's dtype, and
     ``output = rms_norm(residual_out, normalized_shape, weight, eps,
-    weight_offset=weight_offset)``, the same bytes as the two steps unfused,
-    in one pass over memory. ``residual`` must have the input's shape and
+    weight_offset=weight_offset)``, the same bytes as the two steps unfused
+    (a NaN's sign and payload aside), in one pass over memory. ``residual`` must have the input's shape and
     dtype. ``out=(output, residual_out)`` takes arrays to write into, either
     None; ``out=(y, residual)`` updates the residual in place, as vLLM's
     ``fused_add_rms_norm`` does, without a temporary. The two must not

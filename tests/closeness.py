@@ -112,11 +112,13 @@ def _bit_pattern(element: np.ndarray) -> str:
     return f"0x{int.from_bytes(raw, byteorder):0{2 * len(raw)}x}"
 
 
-def assert_same_bytes(actual, expected, *, what="result"):
+def assert_same_bytes(actual, expected, *, what="result", nan_bits=True):
     """Assert the same dtype, the same shape and the same bytes everywhere.
 
     Bits, not values, are compared, so that a claim of identical results
-    also covers the sign of zeros and the payload of NaNs. Layout does not
+    also covers the sign of zeros and the payload of NaNs. With
+    ``nan_bits=False`` a NaN must meet a NaN, of any sign and payload, and
+    every other element must have the same bytes. Layout does not
     count: both sides are compared as C-contiguous copies. The failure
     message names the first differing element, both values and their bits.
     """
@@ -133,6 +135,9 @@ def assert_same_bytes(actual, expected, *, what="result"):
     e = np.ascontiguousarray(expected_arr).reshape(-1)
     differs = (a.view(np.uint8).reshape(-1, itemsize)
                != e.view(np.uint8).reshape(-1, itemsize)).any(axis=1)
+    if not nan_bits:
+        a_nan = np.isnan(a.astype(np.float64))
+        differs &= ~(a_nan & np.isnan(e.astype(np.float64)))
     if not differs.any():
         return
     first = int(np.argmax(differs))

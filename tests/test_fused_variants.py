@@ -406,6 +406,63 @@ def test_add_forward_gives_np_adds_bytes_for_inf_nan_overflow_signed_zero_and_su
     assert_same_bytes(y, y_expected, what="output")
 
 
+def _nans(rng, dtype, count):
+    """count NaNs of dtype with random signs and payloads, quiet and signalling."""
+    dtype = np.dtype(dtype)
+    bits = 8 * dtype.itemsize
+    mantissa = np.finfo(dtype).nmant
+    exponent = ((1 << (bits - 1 - mantissa)) - 1) << mantissa
+    payload = rng.integers(1, 1 << mantissa, size=count, dtype=np.uint64)
+    sign = rng.integers(0, 2, size=count, dtype=np.uint64) << np.uint64(bits - 1)
+    unsigned = np.dtype(f"u{dtype.itemsize}")
+    return (np.uint64(exponent) | payload | sign).astype(unsigned).view(dtype)
+
+
+def _nan_rows(dtype, n, seed=12):
+    """Rows of x and residual: NaNs in x, NaNs in the residual, NaNs in
+    both, and inf + -inf."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((4, n)).astype(dtype)
+    r = rng.standard_normal((4, n)).astype(dtype)
+    x[0] = _nans(rng, dtype, n)
+    r[1] = _nans(rng, dtype, n)
+    x[2], r[2] = _nans(rng, dtype, n), _nans(rng, dtype, n)
+    x[3, ::2], r[3, ::2] = np.inf, -np.inf
+    return x, r
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("n", [7, 1000])
+def test_add_forward_keeps_np_adds_nan_bytes_where_one_addend_is_nan(isa, dtype, n):
+    # A NaN plus a number is that NaN, quieted, and inf + -inf the
+    # hardware's default NaN, on every instruction set: the bytes np.add
+    # gives. (Where both addends are NaN, which one survives is the
+    # compiler's choice of operand order; see the test below.)
+    x, r = _nan_rows(np.dtype(dtype), n)
+    with np.errstate(invalid="ignore"):
+        h_expected = np.add(x, r)
+        _, h = rmsnorm.add_forward(x, r, np.ones(n, x.dtype), _eps(x.dtype))
+    for row in (0, 1, 3):
+        assert_same_bytes(h[row], h_expected[row], what=f"residual_out row {row}")
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_add_forward_gives_np_adds_values_with_nan_payloads_aside(isa, pair):
+    # What the documentation promises for every NaN: a NaN where np.add
+    # then forward has one, of whatever sign and payload, and the same bytes
+    # elsewhere.
+    x, _ = _nan_rows(_dtype(pair[0]), 9)
+    r = x[::-1].copy()
+    w = np.linspace(-1.5, 1.5, 9).astype(_dtype(pair[1]))
+    eps = _eps(x.dtype)
+    with np.errstate(invalid="ignore"):
+        h_expected = np.add(x, r)
+        y_expected = rmsnorm.forward(h_expected, w, eps)
+        y, h = rmsnorm.add_forward(x, r, w, eps)
+    assert_same_bytes(h, h_expected, what="residual_out", nan_bits=False)
+    assert_same_bytes(y, y_expected, what="output", nan_bits=False)
+
+
 @pytest.mark.parametrize("pair", PAIRS)
 @pytest.mark.parametrize("n", ROW_LENGTHS)
 def test_add_backward_with_zero_grad_residual_out_gives_backwards_bytes(pair, n):

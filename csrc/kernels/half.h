@@ -78,7 +78,10 @@ static inline uint16_t rms_float_to_half(float f)
     uint32_t is_nan = 0u - (uint32_t)(magnitude > 0x7f800000u);
     uint32_t half = (subnormal & is_subnormal) | (normal & ~is_subnormal);
     half = (0x7c00u & is_inf) | (half & ~is_inf);
-    half = (0x7e00u & is_nan) | (half & ~is_nan);
+    /* A NaN keeps its payload's top 10 bits, quieted, as the F16C and
+       AVX512-FP16 conversions do: every instruction set gives its bytes. */
+    uint32_t nan = 0x7e00u | ((magnitude >> 13) & 0x3ffu);
+    half = (nan & is_nan) | (half & ~is_nan);
     return (uint16_t)(sign | half);
 }
 

@@ -315,8 +315,9 @@ static const gufunc_descriptor gufuncs[] = {
      "\n"
      "in one pass over memory: each row of residual_out is normalised while\n"
      "it is still in cache. Both outputs are the same bytes as np.add followed\n"
-     "by rmsnorm.forward. residual has x's dtype. out=(y, residual) updates the\n"
-     "residual in place, with no temporary; y must not overlap residual_out.\n"
+     "by rmsnorm.forward, a NaN's sign and payload aside. residual has x's\n"
+     "dtype. out=(y, residual) updates the residual in place, with no\n"
+     "temporary; y must not overlap residual_out.\n"
      "\n"
      LOOPS_DOC
      "\n"
