@@ -412,8 +412,8 @@ def add_rms_norm(
         for target, result in zip((output, residual_out), results):
             if target is not None:
                 np.copyto(target, result)
-        results = tuple(t if t is not None else r for t, r in zip((output, residual_out), results))
-    return results
+    # out='s own objects, as NumPy's ufuncs return them, not views of them
+    return tuple(r if t is None else t for t, r in zip((output, residual_out), results))
 
 
 def add_rms_norm_backward(
