@@ -210,6 +210,15 @@ def _weight_operand(weight, input, n: int):
     return row, (row.data_ptr(), row.stride(0) * row.element_size())
 
 
+def _resolve_neg(*tensors):
+    """The tensors with their negative bits resolved. A tensor whose
+    negative bit is set (``Tensor.is_neg()``: ``.conj().imag`` of a complex
+    tensor, ``torch._neg_view``) holds the negation of its values in memory,
+    which the kernels read as it is; the conjugate bit is set on complex
+    tensors only, which the kernels do not take."""
+    return tuple(t if t is None or not t.is_neg() else t.resolve_neg() for t in tensors)
+
+
 def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None):
     """The ops' CPU implementation: y, or (y, residual_out) with a residual,
     for tensors of the kernels' type ``kernel_type`` (from _served_type).
@@ -219,6 +228,12 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     step's size this Python is most of the call, so it makes few calls.
     """
     _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
+    if (
+        input.is_neg()
+        or (weight is not None and weight.is_neg())
+        or (residual is not None and residual.is_neg())
+    ):
+        input, weight, residual = _resolve_neg(input, weight, residual)
     n = shape[0] if len(shape) == 1 else math.prod(shape)
     numel = input.numel()
     rows = numel // n if n else 0
@@ -277,6 +292,9 @@ def _backward(
     if grad_residual_out is not None:
         same_shape += (("grad_residual_out", grad_residual_out),)
     _check_shapes(input, shape, weight, same_shape)
+    grad_output, input, weight, grad_residual_out = _resolve_neg(
+        grad_output, input, weight, grad_residual_out
+    )
     n = shape[0] if len(shape) == 1 else math.prod(shape)
     numel = input.numel()
     rows = numel // n if n else 0
