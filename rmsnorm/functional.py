@@ -114,6 +114,21 @@ def input_shape_error(input_shape, normalized_shape) -> ValueError:
 _LARGEST_EPS = {t.type: float(np.finfo(t).max) for t in set(EPS_DTYPE.values())}
 
 
+def _real_as_float(value, expected: str) -> float:
+    """A real number as a float, one past float64's range as +-inf (as a
+    float rounds it: 10**400 is inf), or TypeError saying what is
+    ``expected``: bools, strings, complex numbers, Decimals, arrays and
+    tensors are not real numbers here, even of one element."""
+    if type(value) is float:
+        return value
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{expected}, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:  # an int or Fraction past float64's range
+        return math.inf if value > 0 else -math.inf
+
+
 def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
     """eps as the loops take it, float32 unless the input is float64 (so a
     given eps is rounded to float32 there, as torch does); None is the
@@ -123,16 +138,11 @@ def _resolve_eps(eps, dtype: np.dtype) -> np.floating:
     eps_type = EPS_DTYPE[dtype].type
     if eps is None:
         return eps_type(DEFAULT_EPS[dtype])
-    if type(eps) is not float and (not isinstance(eps, numbers.Real) or isinstance(eps, bool)):
-        raise TypeError(f"eps must be a real number or None, got {type(eps).__name__}")
-    try:
-        magnitude = abs(float(eps))  # a float: a NumPy float32 would overflow comparing
-    except OverflowError:  # an int past float64's range
-        return eps_type(math.inf if eps > 0 else -math.inf)
-    if magnitude <= _LARGEST_EPS[eps_type]:
+    value = _real_as_float(eps, "eps must be a real number or None")
+    if abs(value) <= _LARGEST_EPS[eps_type]:
         return eps_type(eps)
     with np.errstate(over="ignore"):  # rounded, past float32's range to inf, as torch casts
-        return eps_type(eps)
+        return eps_type(eps if math.isfinite(value) else value)
 
 
 def _unit_weight(n: int, dtype: np.dtype) -> np.ndarray:
@@ -208,12 +218,13 @@ def _prepare(input, normalized_shape, weight, eps):
 
 
 def _resolve_weight_offset(weight_offset, weight) -> np.float64 | None:
-    """The offset as the *_offset gufuncs take it, or None for 0 (the plain ones)."""
-    if not isinstance(weight_offset, numbers.Real) or isinstance(weight_offset, bool):
-        raise TypeError(
-            f"weight_offset must be a real number, got {type(weight_offset).__name__}"
-        )
-    offset = np.float64(weight_offset)
+    """The offset as the *_offset gufuncs take it, or None for 0 (the plain ones).
+
+    A real number, as eps: one past float64's range is +-inf, as eps is.
+    rmsnorm.torch checks it here too, so that both APIs take the same
+    values and raise the same errors.
+    """
+    offset = _real_as_float(weight_offset, "weight_offset must be a real number")
     if offset == 0:
         return None
     if weight is None:
@@ -221,21 +232,36 @@ def _resolve_weight_offset(weight_offset, weight) -> np.float64 | None:
             f"weight_offset={weight_offset} needs a weight: the factor is weight_offset + "
             "weight, and there is no weight"
         )
-    return offset
+    return np.float64(offset)
+
+
+def residual_error(input_shape, input_dtype, shape, dtype, what: str = "residual"):
+    """The error for an operand (``what``) that must have the input's shape
+    and dtype but does not, or None: ValueError for the shape (no
+    broadcasting), TypeError for the dtype. rmsnorm.torch raises these too,
+    with the dtypes named as NumPy names them."""
+    input_shape, shape = tuple(input_shape), tuple(shape)
+    if shape != input_shape:
+        return ValueError(f"{what} must have the input's shape {input_shape}, got {shape}")
+    if dtype != input_dtype:
+        return TypeError(
+            f"{what} must have the input's dtype {_dtype_name(input_dtype)}, got "
+            f"{_dtype_name(dtype)}: cast one of them first"
+        )
+    return None
+
+
+def _dtype_name(dtype) -> str:
+    """A NumPy or torch dtype's name, as NumPy spells it (float32, not torch.float32)."""
+    return str(dtype).removeprefix("torch.")
 
 
 def _check_residual(residual, x, what: str):
     """``residual`` as an array of x's shape and dtype, or the error that names the mismatch."""
     residual = _as_array(residual, "residual")
-    if tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(
-            f"{what} must have the input's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
-        )
-    if residual.dtype != x.dtype:
-        raise TypeError(
-            f"{what} must have the input's dtype {x.dtype}, got {residual.dtype}: "
-            "cast one of them first"
-        )
+    error = residual_error(x.shape, x.dtype, residual.shape, residual.dtype, what)
+    if error is not None:
+        raise error
     return residual
 
 
@@ -412,8 +438,8 @@ def add_rms_norm(
         for target, result in zip((output, residual_out), results):
             if target is not None:
                 np.copyto(target, result)
-        results = tuple(t if t is not None else r for t, r in zip((output, residual_out), results))
-    return results
+    # out='s own objects, as NumPy's ufuncs return them, not views of them
+    return tuple(r if t is None else t for t, r in zip((output, residual_out), results))
 
 
 def add_rms_norm_backward(

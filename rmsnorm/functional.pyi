@@ -24,6 +24,13 @@ def weight_shape_error(
 def input_shape_error(
     input_shape: tuple[int, ...], normalized_shape: tuple[int, ...]
 ) -> ValueError: ...
+def residual_error(
+    input_shape: Sequence[int],
+    input_dtype: Any,
+    shape: Sequence[int],
+    dtype: Any,
+    what: str = "residual",
+) -> ValueError | TypeError | None: ...
 @overload
 def rms_norm(
     input: NDArray[_Float],

@@ -20,11 +20,16 @@ What goes to the kernels: CPU tensors of float16, bfloat16, float32 and
 float64 with a weight of the input's dtype or of torch's mixed precision (a
 float32 weight with 16-bit input, a float64 weight with float32 input), or
 no weight. Anything else (another device, complex numbers, another pair of
-dtypes) goes to ``torch.nn.functional.rms_norm``, with its result type. The
-kernels read the tensors' memory with their strides: nothing the size of
-the input is copied for a contiguous tensor, and a non-contiguous one is
-copied only where its batch dims cannot be folded into rows
-(``Tensor.reshape``'s rule). bfloat16 needs no ml_dtypes here.
+dtypes, meta tensors) goes to ``torch.nn.functional.rms_norm``, with its
+result type. Sparse tensors are refused with a NotImplementedError naming
+the layout, and what is not a tensor with torch's TypeError. The residual
+and ``weight_offset`` are checked as ``rmsnorm.add_rms_norm`` checks them,
+with the same errors, wherever the call runs. The kernels read the tensors'
+memory with their strides: nothing the size of the input is copied for a
+contiguous tensor, and a non-contiguous one is copied only where its batch
+dims cannot be folded into rows (``Tensor.reshape``'s rule); a tensor with
+its negative bit set (``Tensor.is_neg()``) is resolved first. bfloat16 needs
+no ml_dtypes here.
 
 Eager calls skip the dispatcher, whose Python custom-op path costs more
 than torch's whole eager composite at a decoding step's size. Where no
@@ -39,6 +44,13 @@ autograd formulas. The same kernels either way, so the same bytes.
 Inside torch.func's transforms (``grad``, ``vmap``, ``jacrev``, ...) the
 functions call ``torch.nn.functional.rms_norm``: torch 2.13's custom-op
 autograd does not support those transforms.
+
+Forward-mode AD (``torch.autograd.forward_ad``): in eager mode the
+autograd.Functions' ``jvp`` gives the outputs their tangents, computed with
+torch's ops in the compute type. The ops' autograd (``torch.library``'s)
+has no jvp: where a call would go through the op (a mode or tensor
+subclass) it goes to ``torch.nn.functional.rms_norm``, and an operand with
+a tangent passed to the op itself is refused, naming what to call.
 
 Threads: the kernels run on rmsnorm's own thread pool, sized by
 ``rmsnorm.set_num_threads`` (default ``RMSNORM_NUM_THREADS``, else the CPUs
@@ -70,7 +82,12 @@ except ImportError as _error:
     ) from _error
 
 from . import _core
-from .functional import input_shape_error, weight_shape_error
+from .functional import (
+    _resolve_weight_offset,
+    input_shape_error,
+    residual_error,
+    weight_shape_error,
+)
 
 __all__ = ["RMSNorm", "add_rms_norm", "replace", "rms_norm"]
 
@@ -112,19 +129,62 @@ def _served_type(input, weight):
     kernel_type = _kernel_type(input, weight)
     if kernel_type is None:
         raise RuntimeError(
-            f"rmsnorm's kernels take CPU tensors of {sorted(str(x) for x in _KERNEL_TYPES)} "
-            f"with a weight of a matching dtype; got input {input.dtype} on {input.device} and "
-            f"weight {None if weight is None else (weight.dtype, weight.device)}. "
+            f"rmsnorm's kernels take dense (torch.strided) CPU tensors of "
+            f"{sorted(str(x) for x in _KERNEL_TYPES)} with a weight of a matching dtype; got "
+            f"input {_describe(input)} and weight {_describe(weight)}. "
             "rmsnorm.torch.rms_norm sends these to torch.nn.functional.rms_norm"
         )
     return kernel_type
+
+
+def _describe(tensor) -> str:
+    """A tensor's dtype, device and, where it is not strided, layout."""
+    if tensor is None:
+        return "None"
+    layout = "" if tensor.layout is _STRIDED else f" of layout {tensor.layout}"
+    return f"{tensor.dtype} on {tensor.device}{layout}"
+
+
+# Layouts whose tensors have no dense memory to read; torch's rms_norm
+# refuses them too, in words that do not name the layout.
+_SPARSE_LAYOUTS = frozenset(
+    (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+)
+
+
+def _check_operands(function: str, operands) -> None:
+    """The errors for operands that are not dense tensors, where the kernels
+    do not take them: ``operands`` holds (position, name, value) triples,
+    None standing for an absent weight. A TypeError in torch's words for
+    what is not a tensor; a NotImplementedError (a RuntimeError, as torch
+    raises for some sparse layouts) naming a sparse layout."""
+    for position, name, value in operands:
+        if value is None and name == "weight":
+            continue
+        if not isinstance(value, torch.Tensor):
+            kind = type(value)
+            kind_name = (
+                kind.__qualname__
+                if kind.__module__ == "builtins"
+                else f"{kind.__module__}.{kind.__qualname__}"
+            )
+            raise TypeError(
+                f"{function}(): argument '{name}' (position {position}) must be Tensor, "
+                f"not {kind_name}"
+            )
+        if value.layout in _SPARSE_LAYOUTS:
+            raise NotImplementedError(
+                f"{function}(): {name} is a sparse tensor (layout {value.layout}); RMSNorm "
+                f"takes dense tensors: pass {name}.to_dense()"
+            )
 
 
 def _check_shapes(input, shape: tuple, weight, same_shape=()) -> None:
     """The checks that keep the kernels inside the tensors' memory, with
     torch's errors (RuntimeError, or ValueError where torch raises it).
     ``same_shape`` holds (name, tensor) pairs that must have the input's
-    shape and dtype."""
+    shape and dtype, with the NumPy API's errors for its residual (torch
+    has no such operand): ValueError for the shape, TypeError for the dtype."""
     if not shape:
         raise RuntimeError(
             "Expected normalized_shape to be at least 1-dimensional, i.e., containing at least "
@@ -147,10 +207,7 @@ def _check_shapes(input, shape: tuple, weight, same_shape=()) -> None:
         raise RuntimeError(str(weight_shape_error(tuple(weight.shape), shape)))
     for name, tensor in same_shape:
         if tensor.shape != input_shape or tensor.dtype != input.dtype:
-            raise RuntimeError(
-                f"{name} must have the input's shape {list(input.shape)} and dtype "
-                f"{input.dtype}, got {list(tensor.shape)} and {tensor.dtype}"
-            )
+            raise residual_error(input_shape, input.dtype, tensor.shape, tensor.dtype, name)
 
 
 @functools.lru_cache(maxsize=None)  # one per dtype the kernels take
@@ -210,6 +267,15 @@ def _weight_operand(weight, input, n: int):
     return row, (row.data_ptr(), row.stride(0) * row.element_size())
 
 
+def _resolve_neg(*tensors):
+    """The tensors with their negative bits resolved. A tensor whose
+    negative bit is set (``Tensor.is_neg()``: ``.conj().imag`` of a complex
+    tensor, ``torch._neg_view``) holds the negation of its values in memory,
+    which the kernels read as it is; the conjugate bit is set on complex
+    tensors only, which the kernels do not take."""
+    return tuple(t if t is None or not t.is_neg() else t.resolve_neg() for t in tensors)
+
+
 def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None):
     """The ops' CPU implementation: y, or (y, residual_out) with a residual,
     for tensors of the kernels' type ``kernel_type`` (from _served_type).
@@ -219,6 +285,12 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     step's size this Python is most of the call, so it makes few calls.
     """
     _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
+    if (
+        input.is_neg()
+        or (weight is not None and weight.is_neg())
+        or (residual is not None and residual.is_neg())
+    ):
+        input, weight, residual = _resolve_neg(input, weight, residual)
     n = shape[0] if len(shape) == 1 else math.prod(shape)
     numel = input.numel()
     rows = numel // n if n else 0
@@ -277,6 +349,9 @@ def _backward(
     if grad_residual_out is not None:
         same_shape += (("grad_residual_out", grad_residual_out),)
     _check_shapes(input, shape, weight, same_shape)
+    grad_output, input, weight, grad_residual_out = _resolve_neg(
+        grad_output, input, weight, grad_residual_out
+    )
     n = shape[0] if len(shape) == 1 else math.prod(shape)
     numel = input.numel()
     rows = numel // n if n else 0
@@ -317,6 +392,7 @@ def _backward(
     "float weight_offset) -> Tensor",
 )
 def _rms_norm_op(input, normalized_shape, weight, eps, weight_offset):
+    _refuse_tangents("rms_norm", input, weight)
     kernel_type = _served_type(input, weight)
     return _forward(kernel_type, input, tuple(normalized_shape), weight, eps, weight_offset)
 
@@ -328,6 +404,7 @@ def _rms_norm_op(input, normalized_shape, weight, eps, weight_offset):
     "float? eps, float weight_offset) -> (Tensor, Tensor)",
 )
 def _rms_norm_backward_op(grad_output, input, normalized_shape, weight, eps, weight_offset):
+    _refuse_tangents("rms_norm_backward", grad_output, input, weight)
     shape = tuple(normalized_shape)
     kernel_type = _served_type(input, weight)
     return _backward(kernel_type, grad_output, input, shape, weight, eps, weight_offset)
@@ -340,6 +417,7 @@ def _rms_norm_backward_op(grad_output, input, normalized_shape, weight, eps, wei
     "float? eps, float weight_offset) -> (Tensor, Tensor)",
 )
 def _add_rms_norm_op(input, residual, normalized_shape, weight, eps, weight_offset):
+    _refuse_tangents("add_rms_norm", input, residual, weight)
     shape = tuple(normalized_shape)
     kernel_type = _served_type(input, weight)
     return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
@@ -355,6 +433,7 @@ def _add_rms_norm_op(input, residual, normalized_shape, weight, eps, weight_offs
 def _add_rms_norm_backward_op(
     grad_output, grad_residual_out, residual_out, normalized_shape, weight, eps, weight_offset
 ):
+    _refuse_tangents("add_rms_norm_backward", grad_output, grad_residual_out, residual_out, weight)
     shape = tuple(normalized_shape)
     kernel_type = _served_type(residual_out, weight)
     return _backward(
@@ -411,19 +490,26 @@ def _(grad_output, grad_residual_out, residual_out, normalized_shape, weight, ep
 _DIRECT = 0  # the implementation, called directly: nothing records or traces it
 _AUTOGRAD = 1  # an autograd.Function over the implementation: eager autograd records it
 _THROUGH_OP = 2  # the op, through torch's dispatcher: something else must see it
+_TORCH = 3  # torch.nn.functional.rms_norm: forward-mode AD where the op would run
 
 
 def _route(*tensors) -> int:
     """How a call on these tensors runs. Through the op where something
     other than eager autograd must see it: a compiler or tracer, a dispatch
-    or torch-function mode, or a tensor subclass (FakeTensor among them)."""
+    or torch-function mode, or a tensor subclass (FakeTensor among them).
+    Forward-mode AD (a ``torch.autograd.forward_ad.dual_level`` open, where
+    an operand may carry a tangent) takes the autograd.Function, whose jvp
+    serves it; the op's autograd has none, so there torch's composite
+    serves it."""
     if _is_compiling():  # first: torch.compile reads it as True, and traces nothing after
         return _THROUGH_OP
     for t in tensors:
         if t is not None and type(t) not in _PLAIN_TENSORS:
-            return _THROUGH_OP
+            return _TORCH if _forward_ad._current_level >= 0 else _THROUGH_OP
     if _dispatch_modes() > 0 or _torch_function_mode_enabled() or _tracing_state() is not None:
-        return _THROUGH_OP
+        return _TORCH if _forward_ad._current_level >= 0 else _THROUGH_OP
+    if _forward_ad._current_level >= 0:
+        return _AUTOGRAD
     if _is_grad_enabled():
         for t in tensors:
             if t is not None and t.requires_grad:
@@ -440,6 +526,7 @@ _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
 _tracing_state = torch._C._get_tracing_state  # torch.jit.trace's
+_forward_ad = torch.autograd.forward_ad  # its _current_level is -1 outside a dual level
 _is_grad_enabled = torch.is_grad_enabled
 
 
@@ -460,7 +547,7 @@ def _rms_norm_grads(ctx, grad_output):
     arguments = (grad_output, input, ctx.shape, weight, ctx.eps, ctx.weight_offset)
     # Through the op where autograd records this backward (create_graph=True)
     # or a tracer sees it: there the second backward meets its refusal.
-    if _is_grad_enabled() or _route(grad_output, input, weight) == _THROUGH_OP:
+    if _is_grad_enabled() or _route(grad_output, input, weight) >= _THROUGH_OP:
         grad_input, grad_weight = _rms_norm_backward_op(*arguments)
     else:
         grad_input, grad_weight = _backward(_served_type(input, weight), *arguments)
@@ -476,7 +563,7 @@ def _setup_add_rms_norm(ctx, inputs, output):
 def _add_rms_norm_grads(ctx, grad_output, grad_residual_out):
     residual_out, weight = ctx.saved_tensors
     tensors = (grad_output, grad_residual_out, residual_out, weight)
-    if _is_grad_enabled() or _route(*tensors) == _THROUGH_OP:
+    if _is_grad_enabled() or _route(*tensors) >= _THROUGH_OP:
         grad_input, grad_weight = _add_rms_norm_backward_op(
             grad_output,
             grad_residual_out,
@@ -520,39 +607,120 @@ for _backward_op in (_rms_norm_backward_op, _add_rms_norm_backward_op):
     torch.library.register_autograd(_backward_op, _no_second_order)
 
 
+# Forward-mode AD: y = x * r * w with r = 1 / sqrt(mean(x^2) + eps) over
+# the normalised dims has the tangent
+#     dy = w * (dx * r - x * r^3 * mean(x * dx)) + dw * x * r
+# (w the factor weight_offset + weight, whose tangent is the weight's). It is
+# formed with torch's ops in the compute type (float32 for 16-bit input, as
+# torch's own rms_norm computes), rounded once to the input's dtype: a
+# tangent, unlike the output, is not the kernels' exact result.
+def _rms_norm_jvp(input, input_tangent, shape, weight, weight_tangent, eps, weight_offset):
+    compute = torch.promote_types(input.dtype, torch.float32)
+    if weight is not None:
+        compute = torch.promote_types(compute, weight.dtype)
+    if eps is None:
+        eps = torch.finfo(torch.float64 if input.dtype == torch.float64 else torch.float32).eps
+    elif input.dtype != torch.float64:
+        eps = float(np.float32(eps))  # as the kernels round it
+    dims = tuple(range(-len(shape), 0))
+    x = input.to(compute)
+    inv_rms = torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+    tangent = torch.zeros_like(x)
+    if input_tangent is not None:
+        dx = input_tangent.to(compute)
+        tangent = dx * inv_rms - x * inv_rms**3 * (x * dx).mean(dims, keepdim=True)
+        if weight is not None:
+            tangent = tangent * (weight.to(compute) + weight_offset)
+    if weight_tangent is not None:
+        tangent = tangent + weight_tangent.to(compute) * (x * inv_rms)
+    return tangent.to(input.dtype)
+
+
+def _sum_tangent(input_tangent, residual_tangent):
+    """The tangent of input + residual, either tangent None for zeros."""
+    if input_tangent is None or residual_tangent is None:
+        return input_tangent if residual_tangent is None else residual_tangent
+    return input_tangent + residual_tangent
+
+
+def _refuse_tangents(op: str, *tensors) -> None:
+    """The ops' autograd (torch.library's) has no jvp: an operand with a
+    tangent is refused, naming what serves forward-mode AD."""
+    if _forward_ad._current_level < 0:
+        return
+    for t in tensors:
+        if t is not None and _forward_ad.unpack_dual(t).tangent is not None:
+            raise RuntimeError(
+                f"torch.ops.rmsnorm.{op} has no forward-mode derivative (jvp): for "
+                f"forward-mode AD call rmsnorm.torch.{op.removesuffix('_backward')}, which "
+                "has one, or torch.nn.functional.rms_norm"
+            )
+
+
 # forward(ctx, ...), not a separate setup_context: torch binds the default
 # arguments of a Function that has setup_context through inspect.signature on
 # every call, which cost more than the kernels at 1x4096.
 class _EagerRMSNorm(torch.autograd.Function):
-    """rmsnorm::rms_norm's autograd in eager mode, without the dispatcher."""
+    """rmsnorm::rms_norm's autograd in eager mode, without the dispatcher,
+    and its forward-mode derivative."""
 
     @staticmethod
     def forward(ctx, input, shape, weight, eps, weight_offset):
         output = _forward(_served_type(input, weight), input, shape, weight, eps, weight_offset)
         _setup_rms_norm(ctx, (input, shape, weight, eps, weight_offset), output)
+        if _forward_ad._current_level >= 0:
+            ctx.save_for_forward(input, weight)
         return output
 
     backward = staticmethod(_rms_norm_grads)
 
+    @staticmethod
+    def jvp(ctx, input_tangent, _shape, weight_tangent, _eps, _weight_offset):
+        input, weight = ctx.saved_tensors
+        return _rms_norm_jvp(
+            input, input_tangent, ctx.shape, weight, weight_tangent, ctx.eps, ctx.weight_offset
+        )
+
 
 class _EagerAddRMSNorm(torch.autograd.Function):
-    """rmsnorm::add_rms_norm's autograd in eager mode, without the dispatcher."""
+    """rmsnorm::add_rms_norm's autograd in eager mode, without the
+    dispatcher, and its forward-mode derivative: the sum's tangent is the
+    sum of the tangents, and the output's that of rms_norm of the sum."""
 
     @staticmethod
     def forward(ctx, input, residual, shape, weight, eps, weight_offset):
         kernel_type = _served_type(input, weight)
         outputs = _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
         _setup_add_rms_norm(ctx, (input, residual, shape, weight, eps, weight_offset), outputs)
+        if _forward_ad._current_level >= 0:
+            ctx.save_for_forward(outputs[1], weight)
         return outputs
 
     backward = staticmethod(_add_rms_norm_grads)
 
+    @staticmethod
+    def jvp(ctx, input_tangent, residual_tangent, _shape, weight_tangent, _eps, _weight_offset):
+        residual_out, weight = ctx.saved_tensors
+        sum_tangent = _sum_tangent(input_tangent, residual_tangent)
+        output_tangent = _rms_norm_jvp(
+            residual_out,
+            sum_tangent,
+            ctx.shape,
+            weight,
+            weight_tangent,
+            ctx.eps,
+            ctx.weight_offset,
+        )
+        if sum_tangent is None:
+            sum_tangent = torch.zeros_like(residual_out)
+        return output_tangent, sum_tangent
 
-def _offset_without_weight(weight_offset) -> ValueError:
-    return ValueError(
-        f"weight_offset={weight_offset} needs a weight: the factor is weight_offset + "
-        "weight, and there is no weight"
-    )
+
+def _weight_offset_float(weight_offset, weight) -> float:
+    """weight_offset as the ops take it, after the NumPy API's checks: the
+    same values are taken and the same errors raised."""
+    offset = _resolve_weight_offset(weight_offset, weight)
+    return 0.0 if offset is None else float(offset)
 
 
 def _factor(weight, weight_offset):
@@ -560,31 +728,57 @@ def _factor(weight, weight_offset):
     return weight if weight_offset == 0 else weight + weight_offset
 
 
+def _torch_rms_norm(input, shape, weight, eps, weight_offset):
+    """rms_norm by torch.nn.functional.rms_norm, for what the kernels do not serve."""
+    _check_operands("rms_norm", ((1, "input", input), (3, "weight", weight)))
+    return torch.nn.functional.rms_norm(input, shape, _factor(weight, weight_offset), eps)
+
+
+def _torch_add_rms_norm(input, residual, shape, weight, eps, weight_offset):
+    """add_rms_norm by torch's add and rms_norm, for what the kernels do not
+    serve, with the kernels' checks of the residual (no broadcasting, no
+    promotion)."""
+    operands = ((1, "input", input), (2, "residual", residual), (4, "weight", weight))
+    _check_operands("add_rms_norm", operands)
+    error = residual_error(input.shape, input.dtype, residual.shape, residual.dtype)
+    if error is not None:
+        raise error
+    residual_out = input + residual
+    factor = _factor(weight, weight_offset)
+    return torch.nn.functional.rms_norm(residual_out, shape, factor, eps), residual_out
+
+
 def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
     """``torch.nn.functional.rms_norm`` on rmsnorm's kernels, with autograd.
 
     ``weight_offset`` (0 in torch) is Gemma's 1 in ``(1 + weight)``: the
     factor ``weight_offset + weight`` is formed exactly on the kernels'
-    path (torch's fallback rounds it first). Tensors the kernels do not
-    serve go to ``torch.nn.functional.rms_norm``.
+    path (torch's fallback rounds it first). It is a real number, checked
+    as ``rmsnorm.rms_norm`` checks it (one past float64's range is +-inf).
+    Tensors the kernels do not serve go to ``torch.nn.functional.rms_norm``;
+    sparse tensors and non-tensors are refused, naming them. Under
+    ``torch.autograd.forward_ad`` the output has its tangent.
 
     >>> import torch, rmsnorm.torch
     >>> rmsnorm.torch.rms_norm(torch.tensor([[3.0, 4.0]]), [2], eps=0.0)
     tensor([[0.8485, 1.1314]])
     """
     shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
-    weight_offset = float(weight_offset)
-    if weight_offset and weight is None:
-        raise _offset_without_weight(weight_offset)
-    kernel_type = _kernel_type(input, weight)
-    if kernel_type is None or _functorch_transforms_active():
-        return torch.nn.functional.rms_norm(input, shape, _factor(weight, weight_offset), eps)
-    route = _route(input, weight)
-    if route == _DIRECT:
-        return _forward(kernel_type, input, shape, weight, eps, weight_offset)
-    if route == _AUTOGRAD:
-        return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
-    return _rms_norm_op(input, shape, weight, eps, weight_offset)
+    if type(weight_offset) is not float or weight_offset:
+        weight_offset = _weight_offset_float(weight_offset, weight)
+    try:
+        kernel_type = _kernel_type(input, weight)
+    except AttributeError:  # an operand that is not a tensor, named by _torch_rms_norm
+        kernel_type = None
+    if kernel_type is not None and not _functorch_transforms_active():
+        route = _route(input, weight)
+        if route == _DIRECT:
+            return _forward(kernel_type, input, shape, weight, eps, weight_offset)
+        if route == _AUTOGRAD:
+            return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
+        if route == _THROUGH_OP:
+            return _rms_norm_op(input, shape, weight, eps, weight_offset)
+    return _torch_rms_norm(input, shape, weight, eps, weight_offset)
 
 
 def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, weight_offset=0.0):
@@ -592,8 +786,10 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, we
 
     ``residual_out = input + residual``, rounded to the input's dtype, and
     ``output = rms_norm(residual_out, ...)``: the same bytes as the two
-    steps, in one pass. ``residual`` must have the input's shape and dtype.
-    Autograd gives ``input`` and ``residual`` the same gradient.
+    steps, in one pass. ``residual`` must have the input's shape
+    (ValueError) and dtype (TypeError), whatever the weight and wherever
+    the call runs, as in ``rmsnorm.add_rms_norm``. Autograd gives ``input``
+    and ``residual`` the same gradient.
 
     >>> import torch, rmsnorm.torch
     >>> x, residual = torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0, 1.0]])
@@ -601,24 +797,23 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, we
     (tensor([[0.8485, 1.1314]]), tensor([[3., 4.]]))
     """
     shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
-    weight_offset = float(weight_offset)
-    if weight_offset and weight is None:
-        raise _offset_without_weight(weight_offset)
-    kernel_type = _kernel_type(input, weight)
-    if (
-        kernel_type is None
-        or _kernel_type(residual, weight) is None
-        or _functorch_transforms_active()
-    ):
-        residual_out = input + residual
-        factor = _factor(weight, weight_offset)
-        return torch.nn.functional.rms_norm(residual_out, shape, factor, eps), residual_out
-    route = _route(input, residual, weight)
-    if route == _DIRECT:
-        return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
-    if route == _AUTOGRAD:
-        return _EagerAddRMSNorm.apply(input, residual, shape, weight, eps, weight_offset)
-    return _add_rms_norm_op(input, residual, shape, weight, eps, weight_offset)
+    if type(weight_offset) is not float or weight_offset:
+        weight_offset = _weight_offset_float(weight_offset, weight)
+    try:
+        kernel_type = _kernel_type(input, weight)
+        if kernel_type is not None and _kernel_type(residual, weight) is None:
+            kernel_type = None
+    except AttributeError:  # an operand that is not a tensor, named by _torch_add_rms_norm
+        kernel_type = None
+    if kernel_type is not None and not _functorch_transforms_active():
+        route = _route(input, residual, weight)
+        if route == _DIRECT:
+            return _forward(kernel_type, input, shape, weight, eps, weight_offset, residual)
+        if route == _AUTOGRAD:
+            return _EagerAddRMSNorm.apply(input, residual, shape, weight, eps, weight_offset)
+        if route == _THROUGH_OP:
+            return _add_rms_norm_op(input, residual, shape, weight, eps, weight_offset)
+    return _torch_add_rms_norm(input, residual, shape, weight, eps, weight_offset)
 
 
 class RMSNorm(torch.nn.RMSNorm):
