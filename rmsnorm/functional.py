@@ -412,8 +412,9 @@ def add_rms_norm(
     overlap.
 
     >>> import numpy as np, rmsnorm
-    >>> y, h = rmsnorm.add_rms_norm(np.array([[1.0, 3.0]]), np.array([[2.0, 1.0]]), 2, eps=0.0)
-    >>> h
+    >>> y, residual_out = rmsnorm.add_rms_norm(
+    ...     np.array([[1.0, 3.0]]), np.array([[2.0, 1.0]]), 2, eps=0.0)
+    >>> residual_out
     array([[3., 4.]])
     >>> y
     array([[0.84852814, 1.13137085]])
@@ -463,9 +464,9 @@ def add_rms_norm_backward(
         grad_input = rms_norm_backward(grad_output, residual_out, ...)[0] + grad_residual_out
 
     >>> import numpy as np, rmsnorm
-    >>> h = np.array([[3.0, 4.0]])
+    >>> residual_out = np.array([[3.0, 4.0]])
     >>> grad_input, grad_weight = rmsnorm.add_rms_norm_backward(
-    ...     np.zeros((1, 2)), np.ones((1, 2)), h, 2, np.ones(2), 0.0)
+    ...     np.zeros((1, 2)), np.ones((1, 2)), residual_out, 2, np.ones(2), 0.0)
     >>> grad_input
     array([[1., 1.]])
     """
@@ -473,16 +474,20 @@ def add_rms_norm_backward(
         return rms_norm_backward(
             grad_output, residual_out, normalized_shape, weight, eps, weight_offset=weight_offset
         )
-    h, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
+    residual_out, dtype, shape, n, weight_row, weight_dtype, eps = _prepare(
         residual_out, normalized_shape, weight, eps
     )
     offset = _resolve_weight_offset(weight_offset, weight)
-    grad = _backward_grad(grad_output, h, dtype, "grad_output")
-    grad_residual = _backward_grad(grad_residual_out, h, dtype, "grad_residual_out")
-    rows = (math.prod(h.shape[: h.ndim - len(shape)]), n)
-    operands = (grad.reshape(rows), grad_residual.reshape(rows), h.reshape(rows), weight_row)
+    grad = _backward_grad(grad_output, residual_out, dtype, "grad_output")
+    grad_residual_out = _backward_grad(grad_residual_out, residual_out, dtype, "grad_residual_out")
+    rows = (math.prod(residual_out.shape[: residual_out.ndim - len(shape)]), n)
+    operands = (
+        grad.reshape(rows), grad_residual_out.reshape(rows), residual_out.reshape(rows), weight_row
+    )
     if offset is None:
         grad_input, grad_weight = add_backward(*operands, eps)
     else:
         grad_input, grad_weight = add_backward_offset(*operands, offset, eps)
-    return _gradients(grad_input.reshape(h.shape), grad_weight, weight, shape, weight_dtype)
+    return _gradients(
+        grad_input.reshape(residual_out.shape), grad_weight, weight, shape, weight_dtype
+    )

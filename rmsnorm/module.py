@@ -78,8 +78,9 @@ class RMSNorm:
     assigned or converted (``to``) since the forward is the one it uses.
 
     ``forward(x, residual)`` is a pre-norm block's step, as vLLM's layer
-    takes it: it normalises ``h = x + residual`` and returns ``(y, h)``;
-    ``backward(grad_output, grad_residual)`` then returns the gradient of
+    takes it: it normalises ``residual_out = x + residual`` and returns
+    ``(y, residual_out)``; ``backward(grad_output, grad_residual_out)`` then
+    returns the gradient of
     both x and the residual. ``weight_offset`` makes the factor
     ``weight_offset + weight`` (Gemma's ``1 + weight``); the weight then
     starts as zeros, so that with an offset of 1 the layer starts as plain
@@ -159,9 +160,10 @@ class RMSNorm:
             self.weight[...] = 0 if self.weight_offset != 0 else 1
 
     def forward(self, x, residual=None):
-        """Normalises ``x``, or with a residual ``h = x + residual``, returning ``(y, h)``.
+        """Normalises ``x``, or with a residual ``residual_out = x + residual``,
+        returning ``(y, residual_out)``.
 
-        Keeps what was normalised (``x``, or ``h``) for :meth:`backward`.
+        Keeps what was normalised (``x``, or ``residual_out``) for :meth:`backward`.
         """
         if residual is None:
             y = rms_norm(
@@ -169,7 +171,7 @@ class RMSNorm:
             )
             self._saved_input, self._saved_with_residual = x, False
             return y
-        y, h = add_rms_norm(
+        y, residual_out = add_rms_norm(
             x,
             residual,
             self.normalized_shape,
@@ -177,16 +179,16 @@ class RMSNorm:
             self.eps,
             weight_offset=self.weight_offset,
         )
-        self._saved_input, self._saved_with_residual = h, True
-        return y, h
+        self._saved_input, self._saved_with_residual = residual_out, True
+        return y, residual_out
 
     __call__ = forward
 
-    def backward(self, grad_output, grad_residual=None):
+    def backward(self, grad_output, grad_residual_out=None):
         """The input's gradient for the last forward; adds into ``weight_grad``.
 
-        After ``forward(x, residual)``, ``grad_residual`` is the gradient of
-        the returned ``h`` (None for zeros), and the result is the gradient
+        After ``forward(x, residual)``, ``grad_residual_out`` is the gradient
+        of the returned ``residual_out`` (None for zeros), and the result is the gradient
         of both x and the residual. The weight's gradient is added only
         while ``weight_requires_grad``. The input saved by forward is
         freed: a second backward raises RuntimeError until forward runs
@@ -196,15 +198,15 @@ class RMSNorm:
             raise ValueError("RMSNorm.backward() called before forward(): there is no input")
         if self._saved_input is _FREED_BY_BACKWARD:
             raise RuntimeError(_SECOND_BACKWARD)
-        if grad_residual is not None and not self._saved_with_residual:
+        if grad_residual_out is not None and not self._saved_with_residual:
             raise ValueError(
-                "RMSNorm.backward() got grad_residual, but the last forward() had no residual"
+                "RMSNorm.backward() got grad_residual_out, but the last forward() had no residual"
             )
         args = (self.normalized_shape, self._weight, self.eps)
         if self._saved_with_residual:
             grad_input, grad_weight = add_rms_norm_backward(
                 grad_output,
-                grad_residual,
+                grad_residual_out,
                 self._saved_input,
                 *args,
                 weight_offset=self.weight_offset,

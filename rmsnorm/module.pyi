@@ -56,7 +56,7 @@ class RMSNorm:
     # The input's gradient has the dtype of the last forward's input; for an
     # ndarray input it is an ndarray.
     def backward(
-        self, grad_output: ArrayLike, grad_residual: ArrayLike | None = None
+        self, grad_output: ArrayLike, grad_residual_out: ArrayLike | None = None
     ) -> NDArray[np.floating[Any]]: ...
     def parameters(self, recurse: bool = True) -> Iterator[NDArray[np.floating[Any]]]: ...
     def named_parameters(

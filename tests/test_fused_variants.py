@@ -21,7 +21,7 @@ What is pinned here, section by section:
 7. bad input is refused with errors that name the problem, and no caller
    array is written to except the residual ``out=`` names;
 8. dask arrays stay lazy;
-9. the module's ``forward(x, residual)`` and ``backward(grad, grad_residual)``.
+9. the module's ``forward(x, residual)`` and ``backward(grad, grad_residual_out)``.
 """
 
 from __future__ import annotations
