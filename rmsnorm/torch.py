@@ -59,6 +59,7 @@ torch's numbers; use ``torch.compile`` or ``torch.export``).
 
 import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -70,7 +71,7 @@ except ImportError as _error:
     ) from _error
 
 from . import _core
-from .functional import input_shape_error, weight_shape_error
+from .functional import _resolve_weight_offset, input_shape_error, weight_shape_error
 
 __all__ = ["RMSNorm", "add_rms_norm", "replace", "rms_norm"]
 
@@ -628,12 +629,64 @@ class RMSNorm(torch.nn.RMSNorm):
     repr, so checkpoints load either way; ``forward(x)`` calls
     :func:`rms_norm`. ``forward(x, residual)`` is a pre-norm block's step:
     ``(RMSNorm(x + residual), x + residual)``, fused (:func:`add_rms_norm`).
+
+    ``weight_offset`` (keyword; 0 in torch) makes the factor
+    ``weight_offset + weight``, Gemma's ``1 + weight``, formed exactly; the
+    weight then starts as zeros, so that with an offset of 1 the layer
+    starts as plain normalisation. The repr names it when it is not 0. It
+    is configuration, not state: ``state_dict`` holds the weight alone.
     """
 
+    # A torch.nn.RMSNorm that replace() turned into this class has no
+    # weight_offset of its own: it reads these.
+    weight_offset = 0.0
+    # Llama's RMSNorm returns ``weight * normalised``, whose dtype is the
+    # wider of the input's and the weight's; torch's, and Gemma's, return
+    # the input's dtype. replace() sets it where the module it turned did.
+    _promotes_to_weight_dtype = False
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps=None,
+        elementwise_affine=True,
+        device=None,
+        dtype=None,
+        *,
+        weight_offset=0.0,
+    ):
+        # Checked as the NumPy module checks it: a real number, and not without a weight.
+        _resolve_weight_offset(weight_offset, True if elementwise_affine else None)
+        self.weight_offset = float(weight_offset)  # before reset_parameters reads it
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+
+    def reset_parameters(self) -> None:
+        """Sets the weight to ones, or zeros with a weight offset."""
+        if self.weight is not None:
+            if self.weight_offset:
+                torch.nn.init.zeros_(self.weight)
+            else:
+                torch.nn.init.ones_(self.weight)
+
+    def extra_repr(self) -> str:
+        offset = f", weight_offset={self.weight_offset}" if self.weight_offset else ""
+        return super().extra_repr() + offset
+
     def forward(self, x, residual=None):
+        weight = self.weight
+        if (
+            self._promotes_to_weight_dtype
+            and weight is not None
+            and weight.dtype != x.dtype
+        ):
+            x, weight, residual = _promoted(x, weight, residual)
         if residual is None:
-            return rms_norm(x, self.normalized_shape, self.weight, self.eps)
-        return add_rms_norm(x, residual, self.normalized_shape, self.weight, self.eps)
+            return rms_norm(
+                x, self.normalized_shape, weight, self.eps, weight_offset=self.weight_offset
+            )
+        return add_rms_norm(
+            x, residual, self.normalized_shape, weight, self.eps, weight_offset=self.weight_offset
+        )
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every module before compiling it.
@@ -644,18 +697,148 @@ class RMSNorm(torch.nn.RMSNorm):
         )
 
 
+def _promoted(x, weight, residual):
+    """The operands in the wider dtype of x and the weight, as Llama's
+    ``weight * normalised`` returns it. The conversion is exact, and the
+    norm is then rounded once in that dtype."""
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    return x.to(dtype), weight.to(dtype), None if residual is None else residual.to(dtype)
+
+
+# transformers' RMSNorm classes (LlamaRMSNorm, GemmaRMSNorm and their copies
+# in other models) are plain modules, not torch.nn.RMSNorm. replace()
+# recognises one by what it computes: a module with a one-dimensional weight
+# and an eps attribute and nothing else, whose forward on a probe gives the
+# norm with the factor weight (Llama's family) or 1 + weight (Gemma's).
+_EPS_ATTRIBUTES = ("variance_epsilon", "eps")  # Llama's name, then Gemma's and torch's
+
+
+def _probe_input(n: int, eps: float):
+    """Rows at the scales where eps does not matter, where it does (mean
+    square eps: a wrong eps moves the result by a quarter or more), and
+    large, in float64."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(3, n, generator=generator, dtype=torch.float64)
+    rows /= rows.square().mean(-1, keepdim=True).sqrt()  # mean square 1
+    scales = [1.0, math.sqrt(eps) if eps > 0 else 0.5, 64.0]
+    return rows * torch.tensor(scales, dtype=torch.float64).unsqueeze(-1)
+
+
+def _stand_in(module, weight):
+    """A shallow copy of ``module`` that holds ``weight`` in place of its
+    own: the probe runs on it, and the module itself is never changed."""
+    stand_in = object.__new__(type(module))
+    stand_in.__dict__.update(module.__dict__)
+    stand_in.__dict__["_parameters"] = {"weight": weight}
+    return stand_in
+
+
+def _recognise(module):
+    """``(eps, weight_offset, promotes_to_weight_dtype)`` where ``module``
+    computes an RMSNorm over its last dim as transformers' RMSNorm classes
+    do, else None.
+
+    The probe calls the class's forward directly, so no hook runs, on a
+    stand-in that holds a probe weight of the module's dtype and device
+    (values that every float dtype holds exactly: a zero-initialised
+    Gemma weight, or a ones Llama one, could not tell the two factors
+    apart). It runs on float32 rows, where both families compute in
+    float32, and compares with float64 references for both factors; a
+    second call, on 16-bit rows, tells whether the result takes the
+    weight's wider dtype.
+    """
+    if isinstance(module, torch.nn.RMSNorm) or module._buffers or module._modules:
+        return None
+    parameters = module._parameters
+    weight = parameters.get("weight")
+    if len(parameters) != 1 or weight is None or weight.dim() != 1:
+        return None
+    if not weight.is_floating_point() or weight.numel() == 0:
+        return None
+    for name in _EPS_ATTRIBUTES:
+        eps = module.__dict__.get(name)
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0:
+            break
+    else:
+        return None
+    n = weight.shape[0]
+    probe_weight = torch.arange(n, dtype=torch.float64) % 13 / 8 - 0.75
+    rows = _probe_input(n, float(eps))
+    rms = rows.square().mean(-1, keepdim=True).add(eps).sqrt()
+    stand_in = _stand_in(module, probe_weight.to(weight.dtype).to(weight.device))
+    forward = type(module).forward
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = forward(stand_in, rows.to(torch.float32).to(weight.device))
+            narrow = torch.float16 if weight.dtype == torch.bfloat16 else torch.bfloat16
+            y_narrow = forward(stand_in, rows[:1].to(narrow).to(weight.device))
+    except Exception:  # a forward that takes other arguments, or runs nowhere (meta)
+        return None
+    if not (isinstance(y, torch.Tensor) and isinstance(y_narrow, torch.Tensor)):
+        return None
+    if y.shape != rows.shape or y.is_meta:
+        return None
+    y = y.to("cpu", torch.float64)
+    offsets = [
+        offset
+        for offset in (0.0, 1.0)
+        if torch.allclose(y, rows / rms * (offset + probe_weight), rtol=1e-4, atol=1e-5)
+    ]
+    if len(offsets) != 1:
+        return None
+    if y_narrow.dtype == narrow:
+        promotes = False
+    elif y_narrow.dtype == torch.promote_types(narrow, weight.dtype):
+        promotes = True
+    else:
+        return None
+    return float(eps), offsets[0], promotes
+
+
 def replace(model) -> int:
-    """Turns every ``torch.nn.RMSNorm`` in ``model`` (itself included) into
+    """Turns every RMSNorm module of ``model`` (itself included) into
     :class:`RMSNorm`, in place, and returns how many it turned.
 
+    It turns ``torch.nn.RMSNorm`` and the RMSNorm modules of Hugging Face
+    transformers models, which it recognises by what they compute: the
+    Llama family's (``LlamaRMSNorm`` and its copies in Mistral, Qwen2,
+    Qwen3 and others: the factor is the weight, eps in
+    ``variance_epsilon``) and the Gemma family's (``GemmaRMSNorm``,
+    Gemma2, Gemma3: the factor is ``1 + weight``, ``weight_offset=1.0``).
     Each module keeps its identity, parameters (the same Parameter
-    objects), buffers and hooks: only its class changes, as RMSNorm adds
-    no state. Subclasses of ``torch.nn.RMSNorm`` other than this one are
-    left alone, as their forward may differ.
+    objects), ``state_dict`` keys, dtype, device, buffers and hooks: only
+    its class changes, and it gains RMSNorm's configuration
+    (``normalized_shape``, ``eps``, ``elementwise_affine``,
+    ``weight_offset``). A transformers module keeps its own attributes
+    too, and its output dtype: a Llama one's is the wider of the input's
+    and the weight's.
+
+    Anything else is left alone: other subclasses of ``torch.nn.RMSNorm``,
+    whose forward may differ, and modules whose forward does not compute
+    one of the two norms. Turning none warns.
     """
     replaced = 0
     for module in model.modules():
         if type(module) is torch.nn.RMSNorm:
             module.__class__ = RMSNorm
             replaced += 1
+            continue
+        recognised = _recognise(module)
+        if recognised is not None:
+            eps, weight_offset, promotes = recognised
+            module.__class__ = RMSNorm
+            module.normalized_shape = tuple(module.weight.shape)
+            module.eps = eps
+            module.elementwise_affine = True
+            module.weight_offset = weight_offset
+            module._promotes_to_weight_dtype = promotes
+            replaced += 1
+    if not replaced:
+        warnings.warn(
+            f"rmsnorm.torch.replace found no RMSNorm module it recognises in "
+            f"{type(model).__name__}: it turned none (it turns torch.nn.RMSNorm and "
+            "transformers' Llama- and Gemma-style RMSNorm modules)",
+            stacklevel=2,
+        )
     return replaced

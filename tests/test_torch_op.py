@@ -522,6 +522,38 @@ def test_module_is_torch_rmsnorm_in_all_but_speed(args, kwargs):
     assert_matches(ours(x), theirs(x), what="module output")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_module_weight_offset_is_gemmas_one_plus_weight(dtype):
+    ours = rt.RMSNorm(64, eps=1e-6, dtype=dtype, weight_offset=1.0)
+    assert torch.equal(ours.weight, torch.zeros(64, dtype=dtype))  # starts as plain normalisation
+    assert repr(ours) == (
+        "RMSNorm((64,), eps=1e-06, elementwise_affine=True, weight_offset=1.0)"
+    )
+    assert list(ours.state_dict()) == ["weight"]
+    with torch.no_grad():
+        ours.weight.uniform_(-0.5, 0.5)
+    x = torch.randn(3, 4, 64, dtype=dtype)
+    # torch's functional with the factor formed in float64, rounded once to the dtype
+    x64, factor = x.double(), 1.0 + ours.weight.double()
+    expected = (x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * factor).to(dtype)
+    assert_matches(ours(x), expected, what="module output with weight_offset=1")
+    y, h = ours(x, x)
+    assert_matches(y, ours(x + x), what="fused step with weight_offset=1")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"weight_offset": 1.0, "elementwise_affine": False}, ValueError),
+        ({"weight_offset": "1"}, TypeError),
+        ({"weight_offset": True}, TypeError),
+    ],
+)
+def test_module_weight_offset_is_checked(kwargs, error):
+    with pytest.raises(error, match="weight_offset"):
+        rt.RMSNorm(8, **kwargs)
+
+
 def test_module_forward_with_a_residual_is_the_fused_step():
     layer = rt.RMSNorm(32, eps=1e-6)
     x, residual = torch.randn(4, 32), torch.randn(4, 32)
@@ -547,7 +579,8 @@ def test_replace_swaps_every_rmsnorm_in_place_and_keeps_parameters():
     )
     assert type(model[2]) is torch.nn.LayerNorm
     assert model.state_dict().keys() == keys
-    assert rt.replace(model) == 0  # nothing left to swap
+    with pytest.warns(UserWarning, match="turned none"):
+        assert rt.replace(model) == 0  # nothing left to swap
     norm = torch.nn.RMSNorm(8)
     assert rt.replace(norm) == 1 and type(norm) is rt.RMSNorm
 
