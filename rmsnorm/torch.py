@@ -7,8 +7,10 @@
   *, weight_offset=0.0)``: a pre-norm block's ``(rms_norm(input + residual),
   input + residual)`` in one pass, through ``torch.ops.rmsnorm.add_rms_norm``.
 - ``RMSNorm``: ``torch.nn.RMSNorm`` whose forward calls the op; the same
-  constructor, parameters, ``state_dict`` keys and repr.
-- ``replace(model)``: turns every ``torch.nn.RMSNorm`` of a model into an
+  constructor (and ``weight_offset``), parameters, ``state_dict`` keys and
+  repr.
+- ``replace(model)``: turns every ``torch.nn.RMSNorm`` of a model, and the
+  RMSNorm modules of transformers' Llama and Gemma families, into an
   ``RMSNorm`` in place and returns how many it turned.
 
 Three layers, as in torch: the functions validate and dispatch, the ops
@@ -24,7 +26,10 @@ dtypes) goes to ``torch.nn.functional.rms_norm``, with its result type. The
 kernels read the tensors' memory with their strides: nothing the size of
 the input is copied for a contiguous tensor, and a non-contiguous one is
 copied only where its batch dims cannot be folded into rows
-(``Tensor.reshape``'s rule). bfloat16 needs no ml_dtypes here.
+(``Tensor.reshape``'s rule). In eager calls, an input whose rows are
+contiguous in another order of its batch dims (a transposed view of
+attention heads) is read in place too, and the output takes its layout,
+as torch's elementwise ops do. bfloat16 needs no ml_dtypes here.
 
 Eager calls skip the dispatcher, whose Python custom-op path costs more
 than torch's whole eager composite at a decoding step's size. Where no
@@ -198,6 +203,19 @@ def _operand(tensor, rows: int, n: int):
     return folded, (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
 
 
+def _memory_order(tensor, normalized_dims: int):
+    """The permutation of ``tensor``'s batch dims (the normalised dims stay
+    last) that makes it contiguous, or None where there is none. A
+    transposed view of attention heads, (batch, heads, tokens, head_dim)
+    over (batch, tokens, heads, head_dim) memory, has one: its rows are
+    contiguous, in another order, and need no copy."""
+    batch_dims = tensor.dim() - normalized_dims
+    strides = tensor.stride()
+    order = sorted(range(batch_dims), key=lambda dim: -strides[dim])
+    order += range(batch_dims, tensor.dim())
+    return order if tensor.permute(order).is_contiguous() else None
+
+
 def _weight_operand(weight, input, n: int):
     """The weight as one row of n (ones of the input's dtype without a weight)."""
     if weight is None:
@@ -211,13 +229,20 @@ def _weight_operand(weight, input, n: int):
     return row, (row.data_ptr(), row.stride(0) * row.element_size())
 
 
-def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None):
+def _forward(
+    kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None, keep_layout=False
+):
     """The ops' CPU implementation: y, or (y, residual_out) with a residual,
     for tensors of the kernels' type ``kernel_type`` (from _served_type).
 
     The outputs are new contiguous tensors; the operands are read where they
     are, folded into rows of n where their layout allows it. At a decoding
     step's size this Python is most of the call, so it makes few calls.
+    With ``keep_layout`` (the eager calls: the op's outputs are contiguous,
+    as its fake implementation says) y takes the layout of an input whose
+    rows are contiguous in another order of its batch dims (a transposed
+    view of heads), as torch's elementwise ops do, and the input is read
+    where it is instead of copied.
     """
     _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
     n = shape[0] if len(shape) == 1 else math.prod(shape)
@@ -228,6 +253,11 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     # (the first branch of _empty_like, _operand and _weight_operand): at
     # that size each Python call costs a tenth of the kernels.
     contiguous = input.is_contiguous()
+    order = None
+    if keep_layout and not contiguous and residual is None:
+        order = _memory_order(input, len(shape))
+        if order is not None:  # rows in memory order: the same address, contiguous
+            input, contiguous = input.permute(order), True
     small = nbytes < _HUGE_PAGES_MIN_BYTES and contiguous
     y = torch.empty_like(input) if small else _empty_like(input, nbytes)
     residual_out = None if residual is None else _empty_like(input, nbytes)
@@ -254,6 +284,8 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
             None if residual is None else residual_out.data_ptr(),
         )
         del x, weight_row, residual_rows  # held until the kernels returned: copies live only here
+    if order is not None:
+        y = y.permute(sorted(range(len(order)), key=order.__getitem__))  # back to the input's dims
     return y if residual is None else (y, residual_out)
 
 
@@ -529,7 +561,8 @@ class _EagerRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, shape, weight, eps, weight_offset):
-        output = _forward(_served_type(input, weight), input, shape, weight, eps, weight_offset)
+        kernel_type = _served_type(input, weight)
+        output = _forward(kernel_type, input, shape, weight, eps, weight_offset, keep_layout=True)
         _setup_rms_norm(ctx, (input, shape, weight, eps, weight_offset), output)
         return output
 
@@ -582,7 +615,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.
         return torch.nn.functional.rms_norm(input, shape, _factor(weight, weight_offset), eps)
     route = _route(input, weight)
     if route == _DIRECT:
-        return _forward(kernel_type, input, shape, weight, eps, weight_offset)
+        return _forward(kernel_type, input, shape, weight, eps, weight_offset, keep_layout=True)
     if route == _AUTOGRAD:
         return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
     return _rms_norm_op(input, shape, weight, eps, weight_offset)

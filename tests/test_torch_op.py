@@ -204,6 +204,39 @@ def test_permuted_input_over_two_dims_matches_torch(path):
     check_against_torch(path, x, weight, grad_output, (4, 5), 1e-6)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_transposed_heads_match_torch(path, dtype):
+    # A q/k norm's input: (batch, heads, tokens, head_dim) as a transposed
+    # view of (batch, tokens, heads, head_dim) memory.
+    x, weight, grad_output = (
+        torch.from_numpy(a).to(dtype)
+        for a in make_inputs((2, 5, 3, 16), (16,), np.float64, 1e-6, seed=4)
+    )
+    x, grad_output = x.transpose(1, 2), grad_output.transpose(1, 2)
+    check_against_torch(path, x, weight, grad_output, (16,), 1e-6)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_eager_calls_read_transposed_heads_in_place_and_keep_their_layout(
+    requires_grad, monkeypatch
+):
+    # Rows contiguous in another order of the batch dims need no copy: the
+    # eager output is laid out as the input, as torch's elementwise ops lay
+    # theirs; the op's output is contiguous, as its fake implementation says.
+    x = torch.randn(2, 7, 4, 32).transpose(1, 2).requires_grad_(requires_grad)
+    weight = torch.rand(32)
+    expected = torch.ops.rmsnorm.rms_norm(x.detach(), [32], weight, 1e-6, 0.0)
+    assert expected.is_contiguous()
+
+    def refuse(tensor, *args):
+        raise AssertionError("the input was folded by a copy")
+
+    monkeypatch.setattr(rt, "_operand", refuse)
+    y = rt.rms_norm(x, [32], weight, 1e-6)
+    assert y.stride() == x.stride() and torch.equal(y, expected)
+
+
 def test_contiguous_operands_are_read_in_place():
     # Zero copies of the input's size: the kernels get the tensors' own
     # addresses, for a contiguous tensor and for a view whose rows fold.
