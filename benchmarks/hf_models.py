@@ -1,0 +1,154 @@
+"""transformers models before and after rmsnorm.torch.replace, on one thread.
+
+    python benchmarks/hf_models.py                 # every model, float32 and bfloat16
+    python benchmarks/hf_models.py --models llama gemma3 --dtypes bfloat16
+
+Each model is built from a config with random weights (nothing is
+downloaded): small enough to time in seconds, with a hidden size of 1024 and
+128-wide attention heads, so that its norms run at a real model's row
+length. For each model and dtype it times a whole forward of a batch of
+4x128 tokens, the original model against a copy with its norms replaced,
+and each norm call, on the input that norm saw in that forward, the
+original module against the replaced one. Medians of interleaved samples
+after a warm-up, under torch.no_grad(), with torch and rmsnorm on one
+thread each. It prints markdown tables: the whole forward, then the norms.
+
+Needs the torch and hf extras: pip install -e ".[torch,hf]".
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import warnings
+
+import torch
+import transformers
+from bench import cpu_model, interleaved_medians, other_load
+
+import rmsnorm
+import rmsnorm.torch
+
+SIZES = dict(
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=128,
+    vocab_size=2048,
+)
+# name -> (config class, model class)
+MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+}
+BATCH, TOKENS = 4, 128
+
+
+def build(name: str, dtype: torch.dtype):
+    config_class, model_class = MODELS[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(**SIZES)
+    return getattr(transformers, model_class)(config).eval().to(dtype)
+
+
+def norm_inputs(model, ids) -> dict:
+    """{norm kind: (module name, the input it saw)}: the first module of each kind
+    (model.norm, input_layernorm, q_norm, ...), on the inputs of one forward."""
+    seen, hooks = {}, []
+    for module_name, module in model.named_modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            kind = module_name.rsplit(".", 1)[-1]
+
+            def record(module, args, kind=kind, module_name=module_name):
+                seen.setdefault(kind, (module_name, args[0].detach().clone()))
+
+            hooks.append(module.register_forward_pre_hook(record))
+    model(ids)
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
+def layout(x: torch.Tensor) -> str:
+    return "x".join(map(str, x.shape)) + ("" if x.is_contiguous() else ", strided")
+
+
+def microseconds(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us" if seconds < 1e-2 else f"{seconds * 1e3:.1f} ms"
+
+
+def speedup(before: float, after: float) -> str:
+    ratio = before / after
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],
+                        default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=7, help="samples per median")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    rmsnorm.set_num_threads(1)
+    warnings.filterwarnings("ignore", module="transformers")
+    ids = torch.randint(0, SIZES["vocab_size"], (BATCH, TOKENS),
+                        generator=torch.Generator().manual_seed(1))
+    forward_rows, norm_rows, loads = [], [], []
+    with torch.no_grad():
+        for name in args.models:
+            for dtype_name in args.dtypes:
+                dtype = getattr(torch, dtype_name)
+                before = build(name, dtype)
+                after = copy.deepcopy(before)
+                replaced = rmsnorm.torch.replace(after)
+
+                def forward(model):
+                    return lambda: model(ids, use_cache=False)
+
+                times, load = other_load(
+                    interleaved_medians,
+                    {"before": forward(before), "after": forward(after)},
+                    args.repeats,
+                    0.2,
+                )
+                loads.append(load)
+                forward_rows.append((name, dtype_name, replaced, times["before"], times["after"]))
+                after_modules = dict(after.named_modules())
+                for kind, (module_name, x) in norm_inputs(before, ids).items():
+                    original, ours = before.get_submodule(module_name), after_modules[module_name]
+                    norm_times = interleaved_medians(
+                        {"before": lambda: original(x), "after": lambda: ours(x)},
+                        args.repeats,
+                        0.05,
+                    )
+                    norm_rows.append((name, dtype_name, kind, layout(x),
+                                      norm_times["before"], norm_times["after"]))
+
+    print(f"`python benchmarks/hf_models.py`, {datetime.date.today().isoformat()}, {cpu_model()}, "
+          f"1 thread, batch {BATCH}x{TOKENS} tokens, hidden {SIZES['hidden_size']}, "
+          f"{SIZES['num_hidden_layers']} layers; other processes kept "
+          f"{max(loads):.2f} CPUs busy at most\n")
+    print("| model | dtype | norms replaced | forward before | forward after | after vs before |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, dtype_name, replaced, before_s, after_s in forward_rows:
+        print(f"| {name} | {dtype_name} | {replaced} | {microseconds(before_s)} | "
+              f"{microseconds(after_s)} | {speedup(before_s, after_s)} |")
+    print()
+    print("| model | dtype | norm | input | before | after | after vs before |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, dtype_name, kind, shape, before_s, after_s in norm_rows:
+        print(f"| {name} | {dtype_name} | {kind} | {shape} | {microseconds(before_s)} | "
+              f"{microseconds(after_s)} | {speedup(before_s, after_s)} |")
+
+
+if __name__ == "__main__":
+    main()
