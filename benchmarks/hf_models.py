@@ -2,6 +2,7 @@
 
     python benchmarks/hf_models.py                 # every model, float32 and bfloat16
     python benchmarks/hf_models.py --models llama gemma3 --dtypes bfloat16
+    python benchmarks/hf_models.py --accuracy      # the logits' errors instead of times
 
 Each model is built from a config with random weights (nothing is
 downloaded): small enough to time in seconds, with a hidden size of 1024 and
@@ -12,6 +13,12 @@ and each norm call, on the input that norm saw in that forward, the
 original module against the replaced one. Medians of interleaved samples
 after a warm-up, under torch.no_grad(), with torch and rmsnorm on one
 thread each. It prints markdown tables: the whole forward, then the norms.
+
+With --accuracy it compares logits instead, with the norms' weights drawn
+at random around the factor 1 (at their initial ones, Llama's weight
+multiply would be exact): in float32, replaced against original; in
+bfloat16, each against the float64 run of the original model, the largest
+and the RMS error over the batch's logits.
 
 Needs the torch and hf extras: pip install -e ".[torch,hf]".
 """
@@ -76,6 +83,40 @@ def norm_inputs(model, ids) -> dict:
     return seen
 
 
+def accuracy(names) -> None:
+    ids = token_ids()
+    print(f"`python benchmarks/hf_models.py --accuracy`, {datetime.date.today().isoformat()}, "
+          f"batch {BATCH}x{TOKENS} tokens, hidden {SIZES['hidden_size']}; logits' errors\n")
+    print("| model | float32: replaced vs original, max | bfloat16 vs float64, max: transformers "
+          "| rmsnorm | bfloat16 vs float64, RMS: transformers | rmsnorm |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name in names:
+        model = build(name, torch.float32)
+        generator = torch.Generator().manual_seed(2)
+        for module in model.modules():
+            if type(module).__name__.endswith("RMSNorm"):
+                # 1 + weight for Gemma's family: the same factors either way
+                factor_one = 0.0 if "Gemma" in type(module).__name__ else 1.0
+                spread = torch.randn(module.weight.shape, generator=generator)
+                module.weight.copy_(factor_one + 0.25 * spread)
+        replaced = copy.deepcopy(model)
+        rmsnorm.torch.replace(replaced)
+        float32 = (replaced(ids).logits - model(ids).logits).abs().max().item()
+        reference = copy.deepcopy(model).double()(ids).logits
+        errors = [
+            (m.to(torch.bfloat16)(ids).logits.double() - reference).abs()
+            for m in (model, replaced)
+        ]
+        worst = [f"{e.max().item():.4f}" for e in errors]
+        rms = [f"{e.square().mean().sqrt().item():.5f}" for e in errors]
+        print(f"| {name} | {float32:.1e} | {worst[0]} | {worst[1]} | {rms[0]} | {rms[1]} |")
+
+
+def token_ids() -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    return torch.randint(0, SIZES["vocab_size"], (BATCH, TOKENS), generator=generator)
+
+
 def layout(x: torch.Tensor) -> str:
     return "x".join(map(str, x.shape)) + ("" if x.is_contiguous() else ", strided")
 
@@ -95,13 +136,17 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"],
                         default=["float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=7, help="samples per median")
+    parser.add_argument("--accuracy", action="store_true", help="the logits' errors, not times")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     rmsnorm.set_num_threads(1)
     warnings.filterwarnings("ignore", module="transformers")
-    ids = torch.randint(0, SIZES["vocab_size"], (BATCH, TOKENS),
-                        generator=torch.Generator().manual_seed(1))
+    if args.accuracy:
+        with torch.no_grad():
+            accuracy(args.models)
+        return
+    ids = token_ids()
     forward_rows, norm_rows, loads = [], [], []
     with torch.no_grad():
         for name in args.models:
