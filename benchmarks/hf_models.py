@@ -13,7 +13,9 @@ and each norm call, on the input that norm saw in that forward, the
 original module against the replaced one (and, for a strided input, the
 replaced one on a contiguous copy made first). Medians of interleaved samples
 after a warm-up, under torch.no_grad(), with torch and rmsnorm on one
-thread each. It prints markdown tables: the whole forward, then the norms.
+thread each; for the forward, also the median of the ratios of samples
+taken in pairs, which a shared machine's drifting load moves less. It
+prints markdown tables: the whole forward, then the norms.
 
 With --accuracy it compares logits instead, with the norms' weights drawn
 at random around the factor 1 (at their initial ones, Llama's weight
@@ -29,11 +31,12 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import statistics
 import warnings
 
 import torch
 import transformers
-from bench import cpu_model, interleaved_medians, other_load
+from bench import cpu_model, interleaved_medians, other_load, sample_seconds
 
 import rmsnorm
 import rmsnorm.torch
@@ -118,6 +121,18 @@ def token_ids() -> torch.Tensor:
     return torch.randint(0, SIZES["vocab_size"], (BATCH, TOKENS), generator=generator)
 
 
+def paired_times(before, after, repeats: int, min_seconds: float):
+    """Median seconds of each, and the median of the ratios of samples taken
+    one right after the other: on a shared machine the load drifts between
+    samples, less within a pair."""
+    for fn in (before, after):
+        sample_seconds(fn, min_seconds)  # warm-up
+    pairs = [(sample_seconds(before, min_seconds), sample_seconds(after, min_seconds))
+             for _ in range(repeats)]
+    return (statistics.median(b for b, _ in pairs), statistics.median(a for _, a in pairs),
+            statistics.median(b / a for b, a in pairs))
+
+
 def layout(x: torch.Tensor) -> str:
     return "x".join(map(str, x.shape)) + ("" if x.is_contiguous() else ", strided")
 
@@ -161,13 +176,10 @@ def main() -> None:
                     return lambda: model(ids, use_cache=False)
 
                 times, load = other_load(
-                    interleaved_medians,
-                    {"before": forward(before), "after": forward(after)},
-                    args.repeats,
-                    0.2,
+                    paired_times, forward(before), forward(after), 2 * args.repeats, 0.1
                 )
                 loads.append(load)
-                forward_rows.append((name, dtype_name, replaced, times["before"], times["after"]))
+                forward_rows.append((name, dtype_name, replaced, *times))
                 after_modules = dict(after.named_modules())
                 for kind, (module_name, x) in norm_inputs(before, ids).items():
                     original, ours = before.get_submodule(module_name), after_modules[module_name]
@@ -183,11 +195,12 @@ def main() -> None:
           f"1 thread, batch {BATCH}x{TOKENS} tokens, hidden {SIZES['hidden_size']}, "
           f"{SIZES['num_hidden_layers']} layers; other processes kept "
           f"{max(loads):.2f} CPUs busy at most\n")
-    print("| model | dtype | norms replaced | forward before | forward after | after vs before |")
+    print("| model | dtype | norms replaced | forward before | forward after "
+          "| after vs before (median of paired ratios) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for name, dtype_name, replaced, before_s, after_s in forward_rows:
+    for name, dtype_name, replaced, before_s, after_s, ratio in forward_rows:
         print(f"| {name} | {dtype_name} | {replaced} | {microseconds(before_s)} | "
-              f"{microseconds(after_s)} | {speedup(before_s, after_s)} |")
+              f"{microseconds(after_s)} | {speedup(ratio, 1.0)} |")
     print()
     print("| model | dtype | norm | input | before | after | after vs before "
           "| after, on a contiguous copy |")
