@@ -748,7 +748,7 @@ _EPS_ATTRIBUTES = ("variance_epsilon", "eps")  # Llama's name, then Gemma's and 
 
 def _probe_input(n: int, eps: float):
     """Rows at the scales where eps does not matter, where it does (mean
-    square eps: a wrong eps moves the result by a quarter or more), and
+    square eps: half or twice the eps moves the result by 15% or more), and
     large, in float64."""
     generator = torch.Generator().manual_seed(0)
     rows = torch.randn(3, n, generator=generator, dtype=torch.float64)
