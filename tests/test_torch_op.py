@@ -555,7 +555,7 @@ def test_module_is_torch_rmsnorm_in_all_but_speed(args, kwargs):
     assert_matches(ours(x), theirs(x), what="module output")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_module_weight_offset_is_gemmas_one_plus_weight(dtype):
     ours = rt.RMSNorm(64, eps=1e-6, dtype=dtype, weight_offset=1.0)
     assert torch.equal(ours.weight, torch.zeros(64, dtype=dtype))  # starts as plain normalisation
