@@ -7,8 +7,10 @@
   *, weight_offset=0.0)``: a pre-norm block's ``(rms_norm(input + residual),
   input + residual)`` in one pass, through ``torch.ops.rmsnorm.add_rms_norm``.
 - ``RMSNorm``: ``torch.nn.RMSNorm`` whose forward calls the op; the same
-  constructor, parameters, ``state_dict`` keys and repr.
-- ``replace(model)``: turns every ``torch.nn.RMSNorm`` of a model into an
+  constructor (and ``weight_offset``), parameters, ``state_dict`` keys and
+  repr.
+- ``replace(model)``: turns every ``torch.nn.RMSNorm`` of a model, and the
+  RMSNorm modules of transformers' Llama and Gemma families, into an
   ``RMSNorm`` in place and returns how many it turned.
 
 Three layers, as in torch: the functions validate and dispatch, the ops
@@ -27,8 +29,11 @@ and ``weight_offset`` are checked as ``rmsnorm.add_rms_norm`` checks them,
 with the same errors, wherever the call runs. The kernels read the tensors'
 memory with their strides: nothing the size of the input is copied for a
 contiguous tensor, and a non-contiguous one is copied only where its batch
-dims cannot be folded into rows (``Tensor.reshape``'s rule); a tensor with
-its negative bit set (``Tensor.is_neg()``) is resolved first. bfloat16 needs
+dims cannot be folded into rows (``Tensor.reshape``'s rule). In eager
+calls, an input whose rows are contiguous in another order of its batch
+dims (a transposed view of attention heads) is read in place too, and the
+output takes its layout, as torch's elementwise ops do. A tensor with its
+negative bit set (``Tensor.is_neg()``) is resolved first. bfloat16 needs
 no ml_dtypes here.
 
 Eager calls skip the dispatcher, whose Python custom-op path costs more
@@ -71,6 +76,7 @@ torch's numbers; use ``torch.compile`` or ``torch.export``).
 
 import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -254,6 +260,19 @@ def _operand(tensor, rows: int, n: int):
     return folded, (folded.data_ptr(), folded.stride(0) * item, folded.stride(1) * item)
 
 
+def _memory_order(tensor, normalized_dims: int):
+    """The permutation of ``tensor``'s batch dims (the normalised dims stay
+    last) that makes it contiguous, or None where there is none. A
+    transposed view of attention heads, (batch, heads, tokens, head_dim)
+    over (batch, tokens, heads, head_dim) memory, has one: its rows are
+    contiguous, in another order, and need no copy."""
+    batch_dims = tensor.dim() - normalized_dims
+    strides = tensor.stride()
+    order = sorted(range(batch_dims), key=lambda dim: -strides[dim])
+    order += range(batch_dims, tensor.dim())
+    return order if tensor.permute(order).is_contiguous() else None
+
+
 def _weight_operand(weight, input, n: int):
     """The weight as one row of n (ones of the input's dtype without a weight)."""
     if weight is None:
@@ -276,13 +295,20 @@ def _resolve_neg(*tensors):
     return tuple(t if t is None or not t.is_neg() else t.resolve_neg() for t in tensors)
 
 
-def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None):
+def _forward(
+    kernel_type, input, shape: tuple, weight, eps, weight_offset, residual=None, keep_layout=False
+):
     """The ops' CPU implementation: y, or (y, residual_out) with a residual,
     for tensors of the kernels' type ``kernel_type`` (from _served_type).
 
     The outputs are new contiguous tensors; the operands are read where they
     are, folded into rows of n where their layout allows it. At a decoding
     step's size this Python is most of the call, so it makes few calls.
+    With ``keep_layout`` (the eager calls: the op's outputs are contiguous,
+    as its fake implementation says) y takes the layout of an input whose
+    rows are contiguous in another order of its batch dims (a transposed
+    view of heads), as torch's elementwise ops do, and the input is read
+    where it is instead of copied.
     """
     _check_shapes(input, shape, weight, () if residual is None else (("residual", residual),))
     if (
@@ -299,6 +325,11 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
     # (the first branch of _empty_like, _operand and _weight_operand): at
     # that size each Python call costs a tenth of the kernels.
     contiguous = input.is_contiguous()
+    order = None
+    if keep_layout and not contiguous and residual is None:
+        order = _memory_order(input, len(shape))
+        if order is not None:  # rows in memory order: the same address, contiguous
+            input, contiguous = input.permute(order), True
     small = nbytes < _HUGE_PAGES_MIN_BYTES and contiguous
     y = torch.empty_like(input) if small else _empty_like(input, nbytes)
     residual_out = None if residual is None else _empty_like(input, nbytes)
@@ -325,6 +356,8 @@ def _forward(kernel_type, input, shape: tuple, weight, eps, weight_offset, resid
             None if residual is None else residual_out.data_ptr(),
         )
         del x, weight_row, residual_rows  # held until the kernels returned: copies live only here
+    if order is not None:
+        y = y.permute(sorted(range(len(order)), key=order.__getitem__))  # back to the input's dims
     return y if residual is None else (y, residual_out)
 
 
@@ -666,7 +699,8 @@ class _EagerRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, shape, weight, eps, weight_offset):
-        output = _forward(_served_type(input, weight), input, shape, weight, eps, weight_offset)
+        kernel_type = _served_type(input, weight)
+        output = _forward(kernel_type, input, shape, weight, eps, weight_offset, keep_layout=True)
         _setup_rms_norm(ctx, (input, shape, weight, eps, weight_offset), output)
         if _forward_ad._current_level >= 0:
             ctx.save_for_forward(input, weight)
@@ -773,7 +807,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.
     if kernel_type is not None and not _functorch_transforms_active():
         route = _route(input, weight)
         if route == _DIRECT:
-            return _forward(kernel_type, input, shape, weight, eps, weight_offset)
+            return _forward(
+                kernel_type, input, shape, weight, eps, weight_offset, keep_layout=True
+            )
         if route == _AUTOGRAD:
             return _EagerRMSNorm.apply(input, shape, weight, eps, weight_offset)
         if route == _THROUGH_OP:
@@ -823,12 +859,64 @@ class RMSNorm(torch.nn.RMSNorm):
     repr, so checkpoints load either way; ``forward(x)`` calls
     :func:`rms_norm`. ``forward(x, residual)`` is a pre-norm block's step:
     ``(RMSNorm(x + residual), x + residual)``, fused (:func:`add_rms_norm`).
+
+    ``weight_offset`` (keyword; 0 in torch) makes the factor
+    ``weight_offset + weight``, Gemma's ``1 + weight``, formed exactly; the
+    weight then starts as zeros, so that with an offset of 1 the layer
+    starts as plain normalisation. The repr names it when it is not 0. It
+    is configuration, not state: ``state_dict`` holds the weight alone.
     """
 
+    # A torch.nn.RMSNorm that replace() turned into this class has no
+    # weight_offset of its own: it reads these.
+    weight_offset = 0.0
+    # Llama's RMSNorm returns ``weight * normalised``, whose dtype is the
+    # wider of the input's and the weight's; torch's, and Gemma's, return
+    # the input's dtype. replace() sets it where the module it turned did.
+    _promotes_to_weight_dtype = False
+
+    def __init__(
+        self,
+        normalized_shape,
+        eps=None,
+        elementwise_affine=True,
+        device=None,
+        dtype=None,
+        *,
+        weight_offset=0.0,
+    ):
+        # Checked as the NumPy module checks it: a real number, and not without a weight.
+        _resolve_weight_offset(weight_offset, True if elementwise_affine else None)
+        self.weight_offset = float(weight_offset)  # before reset_parameters reads it
+        super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
+
+    def reset_parameters(self) -> None:
+        """Sets the weight to ones, or zeros with a weight offset."""
+        if self.weight is not None:
+            if self.weight_offset:
+                torch.nn.init.zeros_(self.weight)
+            else:
+                torch.nn.init.ones_(self.weight)
+
+    def extra_repr(self) -> str:
+        offset = f", weight_offset={self.weight_offset}" if self.weight_offset else ""
+        return super().extra_repr() + offset
+
     def forward(self, x, residual=None):
+        weight = self.weight
+        if (
+            self._promotes_to_weight_dtype
+            and weight is not None
+            and weight.dtype != x.dtype
+        ):
+            x, weight, residual = _promoted(x, weight, residual)
         if residual is None:
-            return rms_norm(x, self.normalized_shape, self.weight, self.eps)
-        return add_rms_norm(x, residual, self.normalized_shape, self.weight, self.eps)
+            return rms_norm(
+                x, self.normalized_shape, weight, self.eps, weight_offset=self.weight_offset
+            )
+        return add_rms_norm(
+            x, residual, self.normalized_shape, weight, self.eps, weight_offset=self.weight_offset
+        )
 
     def __prepare_scriptable__(self):
         # torch.jit.script calls this on every module before compiling it.
@@ -839,18 +927,148 @@ class RMSNorm(torch.nn.RMSNorm):
         )
 
 
+def _promoted(x, weight, residual):
+    """The operands in the wider dtype of x and the weight, as Llama's
+    ``weight * normalised`` returns it. The conversion is exact, and the
+    norm is then rounded once in that dtype."""
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    return x.to(dtype), weight.to(dtype), None if residual is None else residual.to(dtype)
+
+
+# transformers' RMSNorm classes (LlamaRMSNorm, GemmaRMSNorm and their copies
+# in other models) are plain modules, not torch.nn.RMSNorm. replace()
+# recognises one by what it computes: a module with a one-dimensional weight
+# and an eps attribute and nothing else, whose forward on a probe gives the
+# norm with the factor weight (Llama's family) or 1 + weight (Gemma's).
+_EPS_ATTRIBUTES = ("variance_epsilon", "eps")  # Llama's name, then Gemma's and torch's
+
+
+def _probe_input(n: int, eps: float):
+    """Rows at the scales where eps does not matter, where it does (mean
+    square eps: half or twice the eps moves the result by 15% or more), and
+    large, in float64."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(3, n, generator=generator, dtype=torch.float64)
+    rows /= rows.square().mean(-1, keepdim=True).sqrt()  # mean square 1
+    scales = [1.0, math.sqrt(eps) if eps > 0 else 0.5, 64.0]
+    return rows * torch.tensor(scales, dtype=torch.float64).unsqueeze(-1)
+
+
+def _stand_in(module, weight):
+    """A shallow copy of ``module`` that holds ``weight`` in place of its
+    own: the probe runs on it, and the module itself is never changed."""
+    stand_in = object.__new__(type(module))
+    stand_in.__dict__.update(module.__dict__)
+    stand_in.__dict__["_parameters"] = {"weight": weight}
+    return stand_in
+
+
+def _recognise(module):
+    """``(eps, weight_offset, promotes_to_weight_dtype)`` where ``module``
+    computes an RMSNorm over its last dim as transformers' RMSNorm classes
+    do, else None.
+
+    The probe calls the class's forward directly, so no hook runs, on a
+    stand-in that holds a probe weight of the module's dtype and device
+    (values that every float dtype holds exactly: a zero-initialised
+    Gemma weight, or a ones Llama one, could not tell the two factors
+    apart). It runs on float32 rows, where both families compute in
+    float32, and compares with float64 references for both factors; a
+    second call, on 16-bit rows, tells whether the result takes the
+    weight's wider dtype.
+    """
+    if isinstance(module, torch.nn.RMSNorm) or module._buffers or module._modules:
+        return None
+    parameters = module._parameters
+    weight = parameters.get("weight")
+    if len(parameters) != 1 or weight is None or weight.dim() != 1:
+        return None
+    if not weight.is_floating_point() or weight.numel() == 0:
+        return None
+    for name in _EPS_ATTRIBUTES:
+        eps = module.__dict__.get(name)
+        if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0:
+            break
+    else:
+        return None
+    n = weight.shape[0]
+    probe_weight = torch.arange(n, dtype=torch.float64) % 13 / 8 - 0.75
+    rows = _probe_input(n, float(eps))
+    rms = rows.square().mean(-1, keepdim=True).add(eps).sqrt()
+    stand_in = _stand_in(module, probe_weight.to(weight.dtype).to(weight.device))
+    forward = type(module).forward
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = forward(stand_in, rows.to(torch.float32).to(weight.device))
+            narrow = torch.float16 if weight.dtype == torch.bfloat16 else torch.bfloat16
+            y_narrow = forward(stand_in, rows[:1].to(narrow).to(weight.device))
+    except Exception:  # a forward that takes other arguments, or runs nowhere (meta)
+        return None
+    if not (isinstance(y, torch.Tensor) and isinstance(y_narrow, torch.Tensor)):
+        return None
+    if y.shape != rows.shape or y.is_meta:
+        return None
+    y = y.to("cpu", torch.float64)
+    offsets = [
+        offset
+        for offset in (0.0, 1.0)
+        if torch.allclose(y, rows / rms * (offset + probe_weight), rtol=1e-4, atol=1e-5)
+    ]
+    if len(offsets) != 1:
+        return None
+    if y_narrow.dtype == narrow:
+        promotes = False
+    elif y_narrow.dtype == torch.promote_types(narrow, weight.dtype):
+        promotes = True
+    else:
+        return None
+    return float(eps), offsets[0], promotes
+
+
 def replace(model) -> int:
-    """Turns every ``torch.nn.RMSNorm`` in ``model`` (itself included) into
+    """Turns every RMSNorm module of ``model`` (itself included) into
     :class:`RMSNorm`, in place, and returns how many it turned.
 
+    It turns ``torch.nn.RMSNorm`` and the RMSNorm modules of Hugging Face
+    transformers models, which it recognises by what they compute: the
+    Llama family's (``LlamaRMSNorm`` and its copies in Mistral, Qwen2,
+    Qwen3 and others: the factor is the weight, eps in
+    ``variance_epsilon``) and the Gemma family's (``GemmaRMSNorm``,
+    Gemma2, Gemma3: the factor is ``1 + weight``, ``weight_offset=1.0``).
     Each module keeps its identity, parameters (the same Parameter
-    objects), buffers and hooks: only its class changes, as RMSNorm adds
-    no state. Subclasses of ``torch.nn.RMSNorm`` other than this one are
-    left alone, as their forward may differ.
+    objects), ``state_dict`` keys, dtype, device, buffers and hooks: only
+    its class changes, and it gains RMSNorm's configuration
+    (``normalized_shape``, ``eps``, ``elementwise_affine``,
+    ``weight_offset``). A transformers module keeps its own attributes
+    too, and its output dtype: a Llama one's is the wider of the input's
+    and the weight's.
+
+    Anything else is left alone: other subclasses of ``torch.nn.RMSNorm``,
+    whose forward may differ, and modules whose forward does not compute
+    one of the two norms. Turning none warns.
     """
     replaced = 0
     for module in model.modules():
         if type(module) is torch.nn.RMSNorm:
             module.__class__ = RMSNorm
             replaced += 1
+            continue
+        recognised = _recognise(module)
+        if recognised is not None:
+            eps, weight_offset, promotes = recognised
+            module.__class__ = RMSNorm
+            module.normalized_shape = tuple(module.weight.shape)
+            module.eps = eps
+            module.elementwise_affine = True
+            module.weight_offset = weight_offset
+            module._promotes_to_weight_dtype = promotes
+            replaced += 1
+    if not replaced:
+        warnings.warn(
+            f"rmsnorm.torch.replace found no RMSNorm module it recognises in "
+            f"{type(model).__name__}: it turned none (it turns torch.nn.RMSNorm and "
+            "transformers' Llama- and Gemma-style RMSNorm modules)",
+            stacklevel=2,
+        )
     return replaced

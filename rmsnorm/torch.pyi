@@ -25,6 +25,19 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 class RMSNorm(torch.nn.RMSNorm):
+    weight_offset: float
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        weight_offset: float = 0.0,
+    ) -> None: ...
+    def reset_parameters(self) -> None: ...
+    def extra_repr(self) -> str: ...
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...

@@ -141,8 +141,10 @@ def test_optional_extras(project):
     assert requirement_names(extras["bfloat16"]) == ["ml_dtypes"]
     assert requirement_names(extras["dask"]) == ["dask", "distributed", "zarr"]
     assert requirement_names(extras["xarray"]) == ["xarray", "dask"]
+    assert requirement_names(extras["hf"]) == ["transformers"]
     # The test extra has what the suite's optional tests import.
-    for needed in ["pytest", "hypothesis", "dask", "xarray", "zarr", "mypy", "build"]:
+    needed_names = ["pytest", "hypothesis", "dask", "xarray", "zarr", "mypy", "build", "transformers"]
+    for needed in needed_names:
         assert needed in requirement_names(extras["test"]), f"{needed} missing from the test extra"
 
 

@@ -204,6 +204,39 @@ def test_permuted_input_over_two_dims_matches_torch(path):
     check_against_torch(path, x, weight, grad_output, (4, 5), 1e-6)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_transposed_heads_match_torch(path, dtype):
+    # A q/k norm's input: (batch, heads, tokens, head_dim) as a transposed
+    # view of (batch, tokens, heads, head_dim) memory.
+    x, weight, grad_output = (
+        torch.from_numpy(a).to(dtype)
+        for a in make_inputs((2, 5, 3, 16), (16,), np.float64, 1e-6, seed=4)
+    )
+    x, grad_output = x.transpose(1, 2), grad_output.transpose(1, 2)
+    check_against_torch(path, x, weight, grad_output, (16,), 1e-6)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_eager_calls_read_transposed_heads_in_place_and_keep_their_layout(
+    requires_grad, monkeypatch
+):
+    # Rows contiguous in another order of the batch dims need no copy: the
+    # eager output is laid out as the input, as torch's elementwise ops lay
+    # theirs; the op's output is contiguous, as its fake implementation says.
+    x = torch.randn(2, 7, 4, 32).transpose(1, 2).requires_grad_(requires_grad)
+    weight = torch.rand(32)
+    expected = torch.ops.rmsnorm.rms_norm(x.detach(), [32], weight, 1e-6, 0.0)
+    assert expected.is_contiguous()
+
+    def refuse(tensor, *args):
+        raise AssertionError("the input was folded by a copy")
+
+    monkeypatch.setattr(rt, "_operand", refuse)
+    y = rt.rms_norm(x, [32], weight, 1e-6)
+    assert y.stride() == x.stride() and torch.equal(y, expected)
+
+
 def test_contiguous_operands_are_read_in_place():
     # Zero copies of the input's size: the kernels get the tensors' own
     # addresses, for a contiguous tensor and for a view whose rows fold.
@@ -522,6 +555,38 @@ def test_module_is_torch_rmsnorm_in_all_but_speed(args, kwargs):
     assert_matches(ours(x), theirs(x), what="module output")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_module_weight_offset_is_gemmas_one_plus_weight(dtype):
+    ours = rt.RMSNorm(64, eps=1e-6, dtype=dtype, weight_offset=1.0)
+    assert torch.equal(ours.weight, torch.zeros(64, dtype=dtype))  # starts as plain normalisation
+    assert repr(ours) == (
+        "RMSNorm((64,), eps=1e-06, elementwise_affine=True, weight_offset=1.0)"
+    )
+    assert list(ours.state_dict()) == ["weight"]
+    with torch.no_grad():
+        ours.weight.uniform_(-0.5, 0.5)
+    x = torch.randn(3, 4, 64, dtype=dtype)
+    # torch's functional with the factor formed in float64, rounded once to the dtype
+    x64, factor = x.double(), 1.0 + ours.weight.double()
+    expected = (x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * factor).to(dtype)
+    assert_matches(ours(x), expected, what="module output with weight_offset=1")
+    y, h = ours(x, x)
+    assert_matches(y, ours(x + x), what="fused step with weight_offset=1")
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"weight_offset": 1.0, "elementwise_affine": False}, ValueError),
+        ({"weight_offset": "1"}, TypeError),
+        ({"weight_offset": True}, TypeError),
+    ],
+)
+def test_module_weight_offset_is_checked(kwargs, error):
+    with pytest.raises(error, match="weight_offset"):
+        rt.RMSNorm(8, **kwargs)
+
+
 def test_module_forward_with_a_residual_is_the_fused_step():
     layer = rt.RMSNorm(32, eps=1e-6)
     x, residual = torch.randn(4, 32), torch.randn(4, 32)
@@ -547,7 +612,8 @@ def test_replace_swaps_every_rmsnorm_in_place_and_keeps_parameters():
     )
     assert type(model[2]) is torch.nn.LayerNorm
     assert model.state_dict().keys() == keys
-    assert rt.replace(model) == 0  # nothing left to swap
+    with pytest.warns(UserWarning, match="turned none"):
+        assert rt.replace(model) == 0  # nothing left to swap
     norm = torch.nn.RMSNorm(8)
     assert rt.replace(norm) == 1 and type(norm) is rt.RMSNorm
 
