@@ -7,6 +7,65 @@
 #ifndef RMSNORM_KERNELS_ROW_BACKWARD_H
 #define RMSNORM_KERNELS_ROW_BACKWARD_H
 
+/* A row of the backward's grad_residual_out, where add_residual, from the
+   column where a write pass starts; left is how many of the row's
+   columns are there from that one on, for the write loop's asks ahead. */
+typedef struct {
+    int add_residual;
+    const char *data;
+    ptrdiff_t stride, left;
+} rms_grad_residual;
+
+/* One backward row's operands from the column where its write pass
+   starts: what the pass reads and writes, and the same row of the rows
+   further on that a streamed pass asks for (ahead_*, NULL where there is
+   none). w is the factor, offset + weight, as doubles; w_stored the stored
+   weight, which the float path reads. Contiguous rows take the kind's
+   size as every element stride, a constant the compiler folds. */
+typedef struct {
+    const char *grad_output, *x;
+    char *grad_input;
+    ptrdiff_t grad_output_stride, xs, grad_input_stride;
+    rms_grad_residual gr;
+    const double *w;
+    const char *w_stored;
+    ptrdiff_t ws;
+    double *grad_weight;
+    const char *ahead_grad_output, *ahead_x;
+} rms_backward_row_operands;
+
+/* A block's operands, `at` columns into the row's. */
+RMS_ALWAYS_INLINE const char *rms_backward_grad_output_at(const rms_backward_row_operands *o,
+                                                          ptrdiff_t at)
+{
+    return rms_element(o->grad_output, at, o->grad_output_stride);
+}
+
+RMS_ALWAYS_INLINE const char *rms_backward_x_at(const rms_backward_row_operands *o, ptrdiff_t at)
+{
+    return rms_element(o->x, at, o->xs);
+}
+
+RMS_ALWAYS_INLINE const char *rms_backward_grad_residual_at(const rms_backward_row_operands *o,
+                                                            ptrdiff_t at)
+{
+    return rms_element(o->gr.data, at, o->gr.stride);
+}
+
+RMS_ALWAYS_INLINE char *rms_backward_grad_input_at(const rms_backward_row_operands *o,
+                                                   ptrdiff_t at)
+{
+    return rms_element_out(o->grad_input, at, o->grad_input_stride);
+}
+
+/* The write pass's factors, the same for every block of a row: inv_rms
+   and mean(g x_hat), in double, and in float for the float path. */
+typedef struct {
+    rms_vd inv_rms, mean;
+    rms_vf inv_rms_float, minus_mean_float;
+    int in_float;
+} rms_backward_factors;
+
 /*
  * grad_input = inv_rms * (g - x_hat * mean(g * x_hat)), g = grad_output * w,
  * for one block, in double; adds grad_output * x_hat into grad_weight.
@@ -15,21 +74,21 @@
  * rows near 1e160 while each factor here stays near 1. Where add_residual,
  * grad_residual_out (x's kind) is added before grad_input is rounded.
  */
-RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
-                                          ptrdiff_t grad_output_stride, const char *x, ptrdiff_t xs,
-                                          const double *w, double *grad_weight, int add_residual,
-                                          const char *grad_residual, ptrdiff_t grs,
-                                          char *grad_input, ptrdiff_t grad_input_stride,
-                                          ptrdiff_t count, rms_vd inv_rms, rms_vd mean_g_x_hat,
-                                          int stream)
+RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const rms_backward_row_operands *o,
+                                          ptrdiff_t at, ptrdiff_t count, rms_vd inv_rms,
+                                          rms_vd mean_g_x_hat, int stream)
 {
-    const rms_block grad_output_v = rms_load_doubles(xk, grad_output, grad_output_stride, count);
-    const rms_block xv = rms_load_doubles(xk, x, xs, count);
-    const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)w, 8, count);
+    const int add_residual = o->gr.add_residual;
+    const rms_block grad_output_v =
+        rms_load_doubles(xk, rms_backward_grad_output_at(o, at), o->grad_output_stride, count);
+    const rms_block xv = rms_load_doubles(xk, rms_backward_x_at(o, at), o->xs, count);
+    const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(o->w + at), 8, count);
+    double *grad_weight = o->grad_weight + at;
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
     rms_block out, residual_v;
     if (add_residual) {
-        residual_v = rms_load_doubles(xk, grad_residual, grs, count);
+        residual_v =
+            rms_load_doubles(xk, rms_backward_grad_residual_at(o, at), o->gr.stride, count);
     }
     /* Fused only for outputs narrower than double, which round the same
        either way: a float64 result would move by a rounding, and differ
@@ -56,7 +115,8 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
         }
     }
     rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
-    rms_store_narrowed(xk, grad_input, grad_input_stride, count, &out, stream);
+    rms_store_narrowed(xk, rms_backward_grad_input_at(o, at), o->grad_input_stride, count, &out,
+                       stream);
 }
 
 /*
@@ -69,27 +129,26 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const char *grad_output,
  * bfloat16 has float's range, so two of them can overflow or underflow a
  * float, and their product is formed in double.
  */
-RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const char *grad_output,
-                                                ptrdiff_t grad_output_stride, const char *x,
-                                                ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                                double *grad_weight, int add_residual,
-                                                const char *grad_residual, ptrdiff_t grs,
-                                                char *grad_input, ptrdiff_t grad_input_stride,
+RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk,
+                                                const rms_backward_row_operands *o, ptrdiff_t at,
                                                 ptrdiff_t count, rms_vf inv_rms,
                                                 rms_vd inv_rms_double, rms_vf minus_mean_g_x_hat,
                                                 int stream)
 {
-    const rms_vf grad_output_v = rms_load_floats(xk, grad_output, grad_output_stride, count);
-    const rms_vf xv = rms_load_floats(xk, x, xs, count);
-    const rms_vf wv = rms_load_floats(wk, w, ws, count);
+    const rms_vf grad_output_v =
+        rms_load_floats(xk, rms_backward_grad_output_at(o, at), o->grad_output_stride, count);
+    const rms_vf xv = rms_load_floats(xk, rms_backward_x_at(o, at), o->xs, count);
+    const rms_vf wv = rms_load_floats(wk, rms_element(o->w_stored, at, o->ws), o->ws, count);
     const rms_vf x_hat = rms_vf_mul(xv, inv_rms);
     const rms_vf g = rms_vf_mul(grad_output_v, wv);
     const rms_vf centred = rms_vf_fma(x_hat, minus_mean_g_x_hat, g);
-    const rms_vf out =
-        add_residual
-            ? rms_vf_fma(inv_rms, centred, rms_load_floats(xk, grad_residual, grs, count))
-            : rms_vf_mul(inv_rms, centred);
+    const rms_vf out = o->gr.add_residual
+                           ? rms_vf_fma(inv_rms, centred,
+                                        rms_load_floats(xk, rms_backward_grad_residual_at(o, at),
+                                                        o->gr.stride, count))
+                           : rms_vf_mul(inv_rms, centred);
     const rms_vf grad_output_x = rms_vf_mul(grad_output_v, xv); /* exact for float16 */
+    double *grad_weight = o->grad_weight + at;
     rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)grad_weight, 8, count);
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
@@ -99,37 +158,25 @@ RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk, const 
         gw.part[h] = rms_vd_muladd(product, inv_rms_double, gw.part[h]);
     }
     rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
-    rms_store_floats(xk, grad_input, grad_input_stride, count, out, stream);
+    rms_store_floats(xk, rms_backward_grad_input_at(o, at), o->grad_input_stride, count, out,
+                     stream);
 }
 
-/* One block of the backward, in float or in double. */
-RMS_ALWAYS_INLINE void rms_backward_any_block(
-    rms_kind xk, rms_kind wk, int in_float, const char *grad_output, ptrdiff_t grad_output_stride,
-    const char *x, ptrdiff_t xs, const double *w_double, const char *w, ptrdiff_t ws,
-    double *grad_weight, int add_residual, const char *grad_residual, ptrdiff_t grs,
-    char *grad_input, ptrdiff_t grad_input_stride, ptrdiff_t count, rms_vd inv_rms, rms_vd mean,
-    rms_vf inv_rms_float, rms_vf minus_mean_float, int stream)
+/* One block of the backward, `at` columns into the row, in float or in
+   double. */
+RMS_ALWAYS_INLINE void rms_backward_any_block(rms_kind xk, rms_kind wk,
+                                              const rms_backward_factors *f,
+                                              const rms_backward_row_operands *o, ptrdiff_t at,
+                                              ptrdiff_t count, int stream)
 {
-    if (in_float) {
-        rms_backward_block_float(xk, wk, grad_output, grad_output_stride, x, xs, w, ws, grad_weight,
-                                 add_residual, grad_residual, grs, grad_input, grad_input_stride,
-                                 count, inv_rms_float, inv_rms, minus_mean_float, stream);
+    if (f->in_float) {
+        rms_backward_block_float(xk, wk, o, at, count, f->inv_rms_float, f->inv_rms,
+                                 f->minus_mean_float, stream);
     }
     else {
-        rms_backward_block(xk, grad_output, grad_output_stride, x, xs, w_double, grad_weight,
-                           add_residual, grad_residual, grs, grad_input, grad_input_stride, count,
-                           inv_rms, mean, stream);
+        rms_backward_block(xk, o, at, count, f->inv_rms, f->mean, stream);
     }
 }
-
-/* A row of the backward's grad_residual_out, where add_residual, from the
-   column where a write pass starts; left is how many of the row's
-   columns are there from that one on, for the write loop's asks ahead. */
-typedef struct {
-    int add_residual;
-    const char *data;
-    ptrdiff_t stride, left;
-} rms_grad_residual;
 
 /*
  * The backward of a row whose inv_rms r is infinite (mean(x^2) + eps is
@@ -138,37 +185,35 @@ typedef struct {
  * which no finite rearrangement of the usual formula gives. grad_weight
  * gains g x r. Rare enough to take the kinds at run time, out of line.
  */
-RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n, const char *grad_output,
-                                             ptrdiff_t grad_output_stride, const char *x,
-                                             ptrdiff_t xs, const double *w, double sum_g_x,
-                                             rms_grad_residual gr, char *grad_input,
-                                             ptrdiff_t grad_input_stride, double *grad_weight)
+RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n,
+                                             const rms_backward_row_operands *o, double sum_g_x)
 {
     const rms_vd r = rms_vd_set(INFINITY), minus_sum = rms_vd_set(-sum_g_x);
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        const rms_block go = rms_load_doubles(
-            xk, rms_element(grad_output, i, grad_output_stride), grad_output_stride, count);
-        const rms_block xv = rms_load_doubles(xk, rms_element(x, i, xs), xs, count);
-        const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(w + i), 8, count);
-        rms_block gw = rms_load_doubles(RMS_KIND_F64, (const char *)(grad_weight + i), 8, count);
+        const rms_block go = rms_load_doubles(xk, rms_backward_grad_output_at(o, i),
+                                              o->grad_output_stride, count);
+        const rms_block xv = rms_load_doubles(xk, rms_backward_x_at(o, i), o->xs, count);
+        const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)(o->w + i), 8, count);
+        rms_block gw =
+            rms_load_doubles(RMS_KIND_F64, (const char *)(o->grad_weight + i), 8, count);
         rms_block residual, out;
-        if (gr.add_residual) {
+        if (o->gr.add_residual) {
             residual =
-                rms_load_doubles(xk, rms_element(gr.data, i, gr.stride), gr.stride, count);
+                rms_load_doubles(xk, rms_backward_grad_residual_at(o, i), o->gr.stride, count);
         }
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const rms_vd direct = rms_vd_mul(rms_vd_mul(go.part[h], wv.part[h]), r);
             const rms_vd through_r = rms_vd_mul(rms_vd_mul(minus_sum, r), xv.part[h]);
             out.part[h] = rms_vd_add(direct, through_r);
-            if (gr.add_residual) {
+            if (o->gr.add_residual) {
                 out.part[h] = rms_vd_add(out.part[h], residual.part[h]);
             }
             gw.part[h] = rms_vd_add(gw.part[h], rms_vd_mul(go.part[h], rms_vd_mul(xv.part[h], r)));
         }
-        rms_store_doubles((char *)(grad_weight + i), 8, count, &gw, 0);
-        rms_store_narrowed(xk, rms_element_out(grad_input, i, grad_input_stride),
-                           grad_input_stride, count, &out, 0);
+        rms_store_doubles((char *)(o->grad_weight + i), 8, count, &gw, 0);
+        rms_store_narrowed(xk, rms_backward_grad_input_at(o, i), o->grad_input_stride, count, &out,
+                           0);
     }
 }
 
@@ -211,14 +256,14 @@ static inline double rms_scaled_difference(double a, int a_exponent, double b, i
  * is its write pass. Returns 0 where an input is not finite or inv_rms is
  * inf or NaN: the vector path gives torch's non-finite results there.
  */
-RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n, const char *grad_output,
-                                           ptrdiff_t grad_output_stride, const char *x,
-                                           ptrdiff_t xs, const double *w, rms_scaled_inv scaled,
-                                           rms_backward_plan *plan)
+RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n,
+                                           const rms_backward_row_operands *o,
+                                           rms_scaled_inv scaled, rms_backward_plan *plan)
 {
+    const double *w = o->w;
     for (ptrdiff_t j = 0; j < n; j++) {
-        const double go = rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride));
-        const double xj = rms_load_scalar(xk, rms_element(x, j, xs));
+        const double go = rms_load_scalar(xk, rms_backward_grad_output_at(o, j));
+        const double xj = rms_load_scalar(xk, rms_backward_x_at(o, j));
         if (!isfinite(go) || !isfinite(xj) || !isfinite(w[j])) {
             return 0;
         }
@@ -237,9 +282,9 @@ RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n, const char 
     for (ptrdiff_t j = 0; j < n; j++) {
         int e_go, e_w, e_x;
         const double go_sig =
-            frexp(rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride)), &e_go);
+            frexp(rms_load_scalar(xk, rms_backward_grad_output_at(o, j)), &e_go);
         const double term = go_sig * frexp(w[j], &e_w) *
-                            frexp(rms_load_scalar(xk, rms_element(x, j, xs)), &e_x);
+                            frexp(rms_load_scalar(xk, rms_backward_x_at(o, j)), &e_x);
         if (term != 0.0 && e_go + e_w + e_x > e_max) {
             e_max = e_go + e_w + e_x;
         }
@@ -248,9 +293,9 @@ RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n, const char 
     for (ptrdiff_t j = 0; e_max != INT_MIN && j < n; j++) {
         int e_go, e_w, e_x;
         const double go_sig =
-            frexp(rms_load_scalar(xk, rms_element(grad_output, j, grad_output_stride)), &e_go);
+            frexp(rms_load_scalar(xk, rms_backward_grad_output_at(o, j)), &e_go);
         const double term = go_sig * frexp(w[j], &e_w) *
-                            frexp(rms_load_scalar(xk, rms_element(x, j, xs)), &e_x) * inv;
+                            frexp(rms_load_scalar(xk, rms_backward_x_at(o, j)), &e_x) * inv;
         double err;
         sum = rms_two_sum(sum, ldexp(term, e_go + e_w + e_x - e_max), &err);
         sum_err += err;
@@ -266,22 +311,19 @@ RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n, const char 
 /* The write pass of a row that rms_backward_extreme_plan took, over
    `count` of its elements. */
 RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_plan *plan,
-                                             ptrdiff_t count, const char *grad_output,
-                                             ptrdiff_t grad_output_stride, const char *x,
-                                             ptrdiff_t xs, const double *w, rms_grad_residual gr,
-                                             char *grad_input, ptrdiff_t grad_input_stride,
-                                             double *grad_weight)
+                                             ptrdiff_t count, const rms_backward_row_operands *o)
 {
+    const double *w = o->w;
     if (plan->path == RMS_BACKWARD_ZERO_INV) {
         /* eps = +inf: inv_rms is 0, and so is every gradient's own term,
            however far sum(g w x) is past DBL_MAX (torch's 0 * inf is NaN) */
         for (ptrdiff_t i = 0; i < count; i++) {
-            const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
+            const double go = rms_load_scalar(xk, rms_backward_grad_output_at(o, i));
             double out = go * 0.0 * w[i]; /* 0 even where go * w would overflow */
-            if (gr.add_residual) {
-                out += rms_load_scalar(xk, rms_element(gr.data, i, gr.stride));
+            if (o->gr.add_residual) {
+                out += rms_load_scalar(xk, rms_backward_grad_residual_at(o, i));
             }
-            rms_store_scalar(xk, rms_element_out(grad_input, i, grad_input_stride), out);
+            rms_store_scalar(xk, rms_backward_grad_input_at(o, i), out);
         }
         return;
     }
@@ -289,18 +331,18 @@ RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_pla
     const int k = plan->exponent, e_max = plan->e_max;
     for (ptrdiff_t i = 0; i < count; i++) {
         int e_go, e_w, e_x;
-        const double go = rms_load_scalar(xk, rms_element(grad_output, i, grad_output_stride));
+        const double go = rms_load_scalar(xk, rms_backward_grad_output_at(o, i));
         const double go_sig = frexp(go, &e_go), w_sig = frexp(w[i], &e_w);
-        const double x_sig = frexp(rms_load_scalar(xk, rms_element(x, i, xs)), &e_x);
+        const double x_sig = frexp(rms_load_scalar(xk, rms_backward_x_at(o, i)), &e_x);
         /* inv g_i, less inv x_hat_i mean(g x_hat) (both 0 where sum is) */
         double out = rms_scaled_difference(inv * go_sig * w_sig, e_go + e_w + k,
                                            inv * inv * x_sig * mean,
                                            e_max == INT_MIN ? 0 : e_x + e_max + 3 * k);
-        if (gr.add_residual) {
-            out += rms_load_scalar(xk, rms_element(gr.data, i, gr.stride));
+        if (o->gr.add_residual) {
+            out += rms_load_scalar(xk, rms_backward_grad_residual_at(o, i));
         }
-        rms_store_scalar(xk, rms_element_out(grad_input, i, grad_input_stride), out);
-        grad_weight[i] += ldexp(go_sig * x_sig * inv, e_go + e_x + k);
+        rms_store_scalar(xk, rms_backward_grad_input_at(o, i), out);
+        o->grad_weight[i] += ldexp(go_sig * x_sig * inv, e_go + e_x + k);
     }
 }
 
@@ -308,15 +350,12 @@ RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_pla
    double is 0, every product may have underflowed (grad_output near
    2^-1070) rather than cancelled, and mean(g x_hat) is then not the 0 the
    vector path would take. */
-RMS_NOINLINE int rms_row_has_a_product(ptrdiff_t n, const char *grad_output,
-                                       ptrdiff_t grad_output_stride, const char *x, ptrdiff_t xs,
-                                       const double *w)
+RMS_NOINLINE int rms_row_has_a_product(ptrdiff_t n, const rms_backward_row_operands *o)
 {
     for (ptrdiff_t j = 0; j < n; j++) {
-        const double go =
-            rms_load_scalar(RMS_KIND_F64, rms_element(grad_output, j, grad_output_stride));
-        const double xj = rms_load_scalar(RMS_KIND_F64, rms_element(x, j, xs));
-        if (go != 0.0 && xj != 0.0 && w[j] != 0.0) {
+        const double go = rms_load_scalar(RMS_KIND_F64, rms_backward_grad_output_at(o, j));
+        const double xj = rms_load_scalar(RMS_KIND_F64, rms_backward_x_at(o, j));
+        if (go != 0.0 && xj != 0.0 && o->w[j] != 0.0) {
             return 1;
         }
     }
@@ -333,9 +372,7 @@ RMS_NOINLINE int rms_row_has_a_product(ptrdiff_t n, const char *grad_output,
    such test: what their products lose is far below their outputs' least
    subnormal. */
 RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_kind xk, ptrdiff_t n,
-                                                  const char *grad_output,
-                                                  ptrdiff_t grad_output_stride, const char *x,
-                                                  ptrdiff_t xs, const double *w,
+                                                  const rms_backward_row_operands *o,
                                                   rms_scaled_inv inv_rms, rms_dd sum_g_x)
 {
     const double dot = fabs(sum_g_x.hi);
@@ -349,24 +386,22 @@ RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_kind xk, ptrdiff_t n,
     if (dot == 0.0) {
         return inv_rms.exponent != 0 ||
                (xk == RMS_KIND_F64 &&
-                rms_row_has_a_product(n, grad_output, grad_output_stride, x, xs, w));
+                rms_row_has_a_product(n, o));
     }
     const int mean_binade = ilogb(dot) + ilogb(inv_rms.inv.hi) + inv_rms.exponent;
     return mean_binade < -960 || mean_binade > 960;
 }
 
 /* A backward row's reduction pass: sum(x^2) and sum(g w x), and from them
-   the plan of its write pass. w_as_stored says whether w holds the stored
+   the plan of its write pass. w_as_stored says whether o->w holds the stored
    weight as doubles, with no offset: only then may the float path read the
    stored weight instead. ask_for is a contiguous row of n elements that
    the pass asks for as it goes, or NULL: the row's grad_residual_out,
    which its write pass reads next (RMS_GRAD_RESIDUAL_AHEAD says why). */
 RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind wk, ptrdiff_t n,
-                                                          const char *grad_output,
-                                                          ptrdiff_t grad_output_stride,
-                                                          const char *x, ptrdiff_t xs,
-                                                          const double *w, int w_as_stored,
-                                                          double eps, const char *ask_for)
+                                                          const rms_backward_row_operands *o,
+                                                          int w_as_stored, double eps,
+                                                          const char *ask_for)
 {
     rms_lanes squares, dot;
     rms_lanes_clear(&squares);
@@ -377,28 +412,26 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
         if (ask_for != NULL) {
             rms_prefetch(rms_element(ask_for, i, size), RMS_DOT_LANES * size);
         }
-        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, grad_output, grad_output_stride, w,
-                                i, RMS_DOT_LANES);
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, o->x, o->xs, o->grad_output,
+                                o->grad_output_stride, o->w, i, RMS_DOT_LANES);
     }
     if (i < n) {
-        rms_add_squares_and_dot(xk, wk, &squares, &dot, x, xs, grad_output, grad_output_stride, w,
-                                i, n - i);
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, o->x, o->xs, o->grad_output,
+                                o->grad_output_stride, o->w, i, n - i);
     }
     const rms_dd sum_squares =
         rms_lanes_total(&squares, RMS_DOT_LANES, !rms_kind_is_float_exact(xk));
     const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES, rms_dot_is_compensated(xk, wk));
     rms_scaled_inv scaled = {{0.0, 0.0}, 0};
     if (rms_sum_needs_rescale(sum_squares.hi)) {
-        scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
+        scaled = rms_inv_rms_scaled(xk, n, o->x, o->xs, eps, sum_squares);
     }
     else {
         scaled.inv = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
     }
     rms_backward_plan plan = {RMS_BACKWARD_VECTOR, 0, 0, 0, 0.0, 0.0};
-    if (rms_backward_row_is_extreme(xk, n, grad_output, grad_output_stride, x, xs, w, scaled,
-                                    sum_g_x) &&
-        rms_backward_extreme_plan(xk, n, grad_output, grad_output_stride, x, xs, w, scaled,
-                                  &plan)) {
+    if (rms_backward_row_is_extreme(xk, n, o, scaled, sum_g_x) &&
+        rms_backward_extreme_plan(xk, n, o, scaled, &plan)) {
         return plan;
     }
     const rms_dd inv_rms_dd = rms_scaled_inv_value(scaled);
@@ -433,88 +466,59 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
 #define RMS_GRAD_RESIDUAL_AHEAD 512
 
 /* A backward row's write pass over `count` elements, the whole row or one
-   tile of it (every pointer at the tile's first column; w_stored is the
-   stored weight, which the float path reads). A streamed output's write
-   loop also asks for the grad_output and x of a row further on
-   (ahead_grad_output and ahead_x, or NULL), as rms_forward_write asks for
-   the next row, and for grad_residual_out further on in its own row. */
+   tile of it (every operand at the tile's first column). A streamed
+   output's write loop also asks for the grad_output and x of a row further
+   on (o->ahead_*), as rms_forward_write asks for the next row, and for
+   grad_residual_out further on in its own row. */
 RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
                                               const rms_backward_plan *plan, ptrdiff_t count,
-                                              const char *grad_output,
-                                              ptrdiff_t grad_output_stride, const char *x,
-                                              ptrdiff_t xs, const double *w,
-                                              const char *w_stored, ptrdiff_t ws,
-                                              rms_grad_residual gr, char *grad_input,
-                                              ptrdiff_t grad_input_stride, double *grad_weight,
-                                              int stream, const char *ahead_grad_output,
-                                              const char *ahead_x)
+                                              const rms_backward_row_operands *o, int stream)
 {
     if (plan->path == RMS_BACKWARD_EXTREME || plan->path == RMS_BACKWARD_ZERO_INV) {
-        rms_backward_extreme_write(xk, plan, count, grad_output, grad_output_stride, x, xs, w, gr,
-                                   grad_input, grad_input_stride, grad_weight);
+        rms_backward_extreme_write(xk, plan, count, o);
         return;
     }
     if (plan->path == RMS_BACKWARD_UNBOUNDED) {
-        rms_backward_row_unbounded(xk, count, grad_output, grad_output_stride, x, xs, w,
-                                   plan->mean, gr, grad_input, grad_input_stride, grad_weight);
+        rms_backward_row_unbounded(xk, count, o, plan->mean);
         return;
     }
     /* the conditions that are constants fold the float path away for the
        types that never take it */
-    const int in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && plan->in_float;
-    const rms_vd inv = rms_vd_set(plan->inv);
-    const rms_vd mean = rms_vd_set(plan->mean);
-    const rms_vf inv_float = rms_vf_set((float)plan->inv);
-    const rms_vf minus_mean_float = rms_vf_set((float)-plan->mean);
-
+    const rms_backward_factors f = {
+        rms_vd_set(plan->inv), rms_vd_set(plan->mean), rms_vf_set((float)plan->inv),
+        rms_vf_set((float)-plan->mean), RMS_HAVE_FMA && rms_kind_size(xk) == 2 && plan->in_float};
     const ptrdiff_t size = rms_kind_size(xk);
-    const ptrdiff_t head = rms_unaligned_head(grad_input, grad_input_stride, size, count);
-    const int streamed = rms_can_stream(
-        stream, rms_element_out(grad_input, head, grad_input_stride), grad_input_stride, size);
-#define RMS_BACKWARD_BLOCK_AT(at, block_count, stream_block)                                      \
-    rms_backward_any_block(xk, wk, in_float, rms_element(grad_output, at, grad_output_stride),    \
-                           grad_output_stride, rms_element(x, at, xs), xs, w + (at),              \
-                           rms_element(w_stored, at, ws), ws, grad_weight + (at),                 \
-                           gr.add_residual,                                                       \
-                           gr.add_residual ? rms_element(gr.data, at, gr.stride) : NULL,          \
-                           gr.stride,                                                             \
-                           rms_element_out(grad_input, at, grad_input_stride), grad_input_stride, \
-                           block_count, inv, mean, inv_float, minus_mean_float, stream_block)
+    const ptrdiff_t head = rms_unaligned_head(o->grad_input, o->grad_input_stride, size, count);
+    const int streamed =
+        rms_can_stream(stream, rms_backward_grad_input_at(o, head), o->grad_input_stride, size);
     ptrdiff_t i;
     for (i = 0; i < head; i += RMS_VF_WIDTH) {
-        RMS_BACKWARD_BLOCK_AT(i, head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH, 0);
+        rms_backward_any_block(xk, wk, &f, o, i, head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH,
+                               0);
     }
     for (i = head; i + RMS_LANES <= count; i += RMS_LANES) {
-        if (streamed && ahead_x != NULL) {
-            rms_prefetch(rms_element(ahead_grad_output, i, grad_output_stride),
-                         RMS_LANES * grad_output_stride);
-            rms_prefetch(rms_element(ahead_x, i, xs), RMS_LANES * xs);
+        if (streamed && o->ahead_x != NULL) {
+            rms_prefetch(rms_element(o->ahead_grad_output, i, o->grad_output_stride),
+                         RMS_LANES * o->grad_output_stride);
+            rms_prefetch(rms_element(o->ahead_x, i, o->xs), RMS_LANES * o->xs);
         }
-        if (streamed && gr.add_residual && i + RMS_GRAD_RESIDUAL_AHEAD + RMS_LANES <= gr.left) {
-            rms_prefetch(rms_element(gr.data, i + RMS_GRAD_RESIDUAL_AHEAD, gr.stride),
-                         RMS_LANES * gr.stride);
+        if (streamed && o->gr.add_residual &&
+            i + RMS_GRAD_RESIDUAL_AHEAD + RMS_LANES <= o->gr.left) {
+            rms_prefetch(rms_backward_grad_residual_at(o, i + RMS_GRAD_RESIDUAL_AHEAD),
+                         RMS_LANES * o->gr.stride);
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
-            RMS_BACKWARD_BLOCK_AT(i + b, RMS_VF_WIDTH, streamed);
+            rms_backward_any_block(xk, wk, &f, o, i + b, RMS_VF_WIDTH, streamed);
         }
     }
     for (; i < count; i += RMS_VF_WIDTH) {
-        RMS_BACKWARD_BLOCK_AT(i, count - i < RMS_VF_WIDTH ? count - i : RMS_VF_WIDTH, 0);
+        rms_backward_any_block(xk, wk, &f, o, i,
+                               count - i < RMS_VF_WIDTH ? count - i : RMS_VF_WIDTH, 0);
     }
-#undef RMS_BACKWARD_BLOCK_AT
 }
 
-/* One backward row's operands, at column `column`, and the same row of
-   the rows `ahead` further on that a streamed write pass asks for (NULL
-   where there is none). Contiguous rows take the kind's size as every
-   element stride, a constant the compiler folds. */
-typedef struct {
-    const char *grad_output, *x, *ahead_grad_output, *ahead_x;
-    char *grad_input;
-    ptrdiff_t grad_output_stride, xs, grad_input_stride;
-    rms_grad_residual gr;
-} rms_backward_row_operands;
-
+/* Row r's operands from column `column` on, asking ahead `ahead` rows
+   (0: none). The weight's fields are the caller's to fill. */
 RMS_ALWAYS_INLINE rms_backward_row_operands rms_backward_row_at(
     rms_kind xk, int add_residual, int contiguous, const rms_backward_problem *p, ptrdiff_t r,
     ptrdiff_t column, ptrdiff_t ahead)
@@ -537,6 +541,10 @@ RMS_ALWAYS_INLINE rms_backward_row_operands rms_backward_row_at(
     o.gr.data = NULL;
     o.gr.stride = 0;
     o.gr.left = p->n - column;
+    o.w = NULL; /* the weight's, where a write pass needs them */
+    o.w_stored = NULL;
+    o.ws = 0;
+    o.grad_weight = NULL;
     if (add_residual) {
         o.gr.stride = contiguous ? es : p->grad_residual_out.stride;
         o.gr.data = rms_element(
@@ -577,15 +585,13 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows_of(rms_kind xk, rms_kind wk, int c
     const int add_residual = p->grad_residual_out.data != NULL;
     const int ask = add_residual && contiguous && p->stream_output;
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
-        const rms_backward_row_operands o =
-            rms_backward_row_at(xk, add_residual, contiguous, p, r, 0, 0);
+        rms_backward_row_operands o = rms_backward_row_at(xk, add_residual, contiguous, p, r, 0, 0);
+        o.w = weight;
         /* NULL a constant where nothing is asked for: a test in the
            reduction loop made the plain 16-bit backward 5 to 13% slower */
         plans[r - row_begin] =
-            ask ? rms_backward_row_plan(xk, wk, p->n, o.grad_output, o.grad_output_stride, o.x,
-                                        o.xs, weight, w_as_stored, eps, o.gr.data)
-                : rms_backward_row_plan(xk, wk, p->n, o.grad_output, o.grad_output_stride, o.x,
-                                        o.xs, weight, w_as_stored, eps, NULL);
+            ask ? rms_backward_row_plan(xk, wk, p->n, &o, w_as_stored, eps, o.gr.data)
+                : rms_backward_row_plan(xk, wk, p->n, &o, w_as_stored, eps, NULL);
     }
 }
 
@@ -644,14 +650,14 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
             count = column_end - c;
         }
         for (ptrdiff_t r = row_begin; r < row_end; r++) {
-            const rms_backward_row_operands o = rms_backward_row_at(
+            rms_backward_row_operands o = rms_backward_row_at(
                 xk, add_residual, contiguous, p, r, c,
                 streamed && r + ahead < ahead_end ? ahead : 0);
-            rms_backward_row_write(xk, wk, &plans[r - row_begin], count, o.grad_output,
-                                   o.grad_output_stride, o.x, o.xs, weight + c,
-                                   rms_element(p->weight, c, ws), ws, o.gr, o.grad_input,
-                                   o.grad_input_stride, grad_weight_tile + (c - column_begin),
-                                   streamed, o.ahead_grad_output, o.ahead_x);
+            o.w = weight + c;
+            o.w_stored = rms_element(p->weight, c, ws);
+            o.ws = ws;
+            o.grad_weight = grad_weight_tile + (c - column_begin);
+            rms_backward_row_write(xk, wk, &plans[r - row_begin], count, &o, streamed);
         }
     }
 }

@@ -248,9 +248,11 @@ typedef struct {
  * and sum again; inv is the scaled row's, and the scale is the exponent.
  * This is what keeps float64 rows near 1e160 or 1e-170 exact where a naive
  * square overflows or underflows. Float32 and narrower rows never get
- * here: their squares are exact in double.
+ * here: their squares are exact in double. Rare, so out of line: the
+ * compiler's own choice to inline it depended on unrelated code, and
+ * moved each float64 rows loop's size by tens of kilobytes.
  */
-static inline rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const char *x,
+RMS_NOINLINE rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const char *x,
                                                 ptrdiff_t xs, double eps, rms_dd unscaled)
 {
     rms_scaled_inv result = {{0.0, 0.0}, 0};
