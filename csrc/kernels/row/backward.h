@@ -453,15 +453,10 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
 /*
  * How far ahead in its own row a streamed write loop asks for
  * grad_residual_out, in elements. The fused backward reads
- * grad_residual_out in its write pass only, from memory. Asked for a few
- * rows ahead, as grad_output and x are, its loads still waited on memory
- * for a quarter of the float32 fused backward's time at 2048x4096 (perf),
- * which was then no faster than the backward followed by np.add. Asked
- * for by the row's reduction pass, beside the row's other operands, and
- * again this far ahead by the write pass, the float32 fused backward took
- * 4 to 10% less time at 2048x4096 and 13 to 14% less at 4096x8192, and
- * float64's 12 to 29% less; the 16-bit ones moved within noise
- * (benchmarks/compare_builds.py --fused, 1 thread, two runs).
+ * grad_residual_out in its write pass only, from memory: asked for a few
+ * rows ahead only, as grad_output and x are, its loads still waited on
+ * memory. The reduction pass asks for it too (docs/performance.md has the
+ * figures).
  */
 #define RMS_GRAD_RESIDUAL_AHEAD 512
 
@@ -556,10 +551,8 @@ RMS_ALWAYS_INLINE rms_backward_row_operands rms_backward_row_at(
 
 /* Whether every element stride is its kind's size, the weight's too
    (the driver packs a strided weight, so that it is unless memory ran
-   out). Where they are, the strides are constants: with the weight's a
-   variable, the 16-bit write loop kept, for each step, the addresses that
-   a strided weight's packed copy would read, and the float16 backward
-   took a sixth longer. */
+   out). Where they are, the strides are constants, which the 16-bit write
+   loop needs to keep no addresses of its own a step. */
 RMS_ALWAYS_INLINE int rms_backward_is_contiguous(rms_kind xk, rms_kind wk, int add_residual,
                                                  const rms_backward_problem *p)
 {
@@ -587,8 +580,8 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows_of(rms_kind xk, rms_kind wk, int c
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
         rms_backward_row_operands o = rms_backward_row_at(xk, add_residual, contiguous, p, r, 0, 0);
         o.w = weight;
-        /* NULL a constant where nothing is asked for: a test in the
-           reduction loop made the plain 16-bit backward 5 to 13% slower */
+        /* NULL a constant where nothing is asked for, so that the
+           reduction loop tests nothing */
         plans[r - row_begin] =
             ask ? rms_backward_row_plan(xk, wk, p->n, &o, w_as_stored, eps, o.gr.data)
                 : rms_backward_row_plan(xk, wk, p->n, &o, w_as_stored, eps, NULL);
@@ -602,13 +595,10 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows_of(rms_kind xk, rms_kind wk, int c
  * operands' 12; with those, past about 1700 columns (48 KiB of L1) the
  * doubles no longer stay in L1 from one row to the next. Rows written
  * together, a step of columns each in turn, find that step's doubles in
- * L1. The row order, and so every sum, is the same. Measured on 1 thread
- * (benchmarks/compare_builds.py), float32's backward took a fifth to a
- * quarter less time at 2048x4096 and 4096x8192, and its fused backward
- * about a tenth less. The others are written a row at a time: 16-bit rows
- * are written in float, where the conversions, not the doubles, set the
- * pace (together they lost 4% to the extra steps), and float64 rows, whose
- * own operands are as wide as the doubles, lost 5% from memory.
+ * L1. The row order, and so every sum, is the same. Only float32 gains:
+ * 16-bit rows are written in float, where the conversions, not the
+ * doubles, set the pace, and float64 rows' own operands are as wide as the
+ * doubles (docs/performance.md has the figures).
  */
 #define RMS_BACKWARD_ROWS_TOGETHER 4
 #define RMS_BACKWARD_COLUMNS_TOGETHER 1024
