@@ -474,6 +474,67 @@ static void backward_task(void *context, int thread_index, int thread_count)
     }
 }
 
+/* The backward's doubles: the factor (offset + weight) and grad_weight's
+   total, n each, then, where the rows make more than one chunk, a counter
+   per tile. One chunk needs no partial: its sum, added to a zero total, is
+   the total (a sum that starts at +0 is never -0). NULL, with *bytes the
+   bytes asked for, where they cannot be had. */
+static double *backward_scratch_alloc(ptrdiff_t n, int chunked, size_t *bytes)
+{
+    const size_t counters = chunked ? (size_t)tiles_of(n) : 0;
+    if ((size_t)n > (SIZE_MAX - counters * sizeof(atomic_ptrdiff_t)) / (2 * sizeof(double))) {
+        *bytes = SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
+        return NULL;
+    }
+    *bytes = (size_t)n * 2 * sizeof(double) + counters * sizeof(atomic_ptrdiff_t);
+    return malloc(*bytes);
+}
+
+/* Fills the scratch: the factor as the kernels read it, offset + weight
+   rounded once to double (the backward's own rounding errors are far
+   larger than that one), a zero total, and the tiles' counters. */
+static void backward_scratch_fill(backward_job *job, rms_backward_problem *p, double *scratch)
+{
+    job->kernels->widen_weight(p->n, p->weight, p->weight_stride, scratch);
+    if (!has_weight_offset(p->weight_offset, 0, 1)) {
+        p->weight_offset = NULL;
+    }
+    if (p->weight_offset != NULL) {
+        double offset;
+        memcpy(&offset, p->weight_offset, sizeof offset);
+        for (ptrdiff_t i = 0; i < p->n; i++) {
+            scratch[i] += offset;
+        }
+    }
+    job->weight = scratch;
+    job->total = scratch + p->n;
+    memset(job->total, 0, (size_t)p->n * sizeof(double));
+    if (job->chunks.count > 1) {
+        job->next_commit = (atomic_ptrdiff_t *)(scratch + 2 * p->n);
+        for (ptrdiff_t tile = 0; tile < tiles_of(p->n); tile++) {
+            atomic_init(&job->next_commit[tile], 0);
+        }
+    }
+}
+
+/* Every chunk, on the pool where there are several, grad_weight's sum
+   into job->total. */
+static void backward_run(backward_job *job, const rms_backward_problem *p, ptrdiff_t rows,
+                         int threads)
+{
+    if (job->chunks.count > 1) {
+        rms_pool_run(backward_task, job, threads);
+    }
+    else if (job->chunks.count == 1) {
+        const rms_backward_problem q = backward_chunk_problem(p, job->x_kind, 0, rows, job->packed);
+        job->kernels->backward_rows(&q, 0, rows, job->weight, job->total);
+        if (job->packed != NULL) {
+            rms_rows_unpack(p->grad_input, 0, q.grad_input, rows, p->n,
+                            rms_kind_size(job->x_kind));
+        }
+    }
+}
+
 size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptrdiff_t rows,
                          char *grad_weight, ptrdiff_t grad_weight_stride)
 {
@@ -485,19 +546,11 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     backward_job job = {
         .x_kind = rms_type_table[type].x, .kernels = rms_kernels_for(type), .problem = &p};
     row_chunks_init(&job.chunks, rows, p.n, backward_chunk_elements(type, p.n));
-    int threads = threads_for(&job.chunks, p.n);
+    const int threads = threads_for(&job.chunks, p.n);
     p.ahead_end = threads == 1 ? rows : 0;
-    /* The weight and the total as doubles, and past one chunk a counter
-       per tile. One chunk needs no partial: its sum, added to a zero
-       total, is the total (a sum that starts at +0 is never -0). */
     const int chunked = job.chunks.count > 1;
-    const size_t counters = chunked ? (size_t)tiles_of(p.n) : 0;
-    if ((size_t)p.n > (SIZE_MAX - counters * sizeof(atomic_ptrdiff_t)) / (2 * sizeof(double))) {
-        return SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
-    }
-    const size_t scratch_bytes =
-        (size_t)p.n * 2 * sizeof(double) + counters * sizeof(atomic_ptrdiff_t);
-    double *scratch = malloc(scratch_bytes);
+    size_t scratch_bytes;
+    double *scratch = backward_scratch_alloc(p.n, chunked, &scratch_bytes);
     if (scratch == NULL) {
         return scratch_bytes;
     }
@@ -518,36 +571,8 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     job.packed = packed_scratch_alloc(job.packed_per_thread, chunked ? threads : 1, type,
                                       &job.kernels);
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
-    job.kernels->widen_weight(p.n, p.weight, p.weight_stride, scratch);
-    if (!has_weight_offset(p.weight_offset, 0, 1)) {
-        p.weight_offset = NULL;
-    }
-    if (p.weight_offset != NULL) {
-        /* offset + weight, rounded once to double: the backward's own
-           rounding errors are far larger than that one. */
-        double offset;
-        memcpy(&offset, p.weight_offset, sizeof offset);
-        for (ptrdiff_t i = 0; i < p.n; i++) {
-            scratch[i] += offset;
-        }
-    }
-    job.weight = scratch;
-    job.total = scratch + p.n;
-    memset(job.total, 0, (size_t)p.n * sizeof(double));
-    if (chunked) {
-        job.next_commit = (atomic_ptrdiff_t *)(scratch + 2 * p.n);
-        for (size_t tile = 0; tile < counters; tile++) {
-            atomic_init(&job.next_commit[tile], 0);
-        }
-        rms_pool_run(backward_task, &job, threads);
-    }
-    else if (job.chunks.count == 1) {
-        const rms_backward_problem q = backward_chunk_problem(&p, job.x_kind, 0, rows, job.packed);
-        job.kernels->backward_rows(&q, 0, rows, job.weight, job.total);
-        if (job.packed != NULL) {
-            rms_rows_unpack(p.grad_input, 0, q.grad_input, rows, p.n, rms_kind_size(job.x_kind));
-        }
-    }
+    backward_scratch_fill(&job, &p, scratch);
+    backward_run(&job, &p, rows, threads);
     job.kernels->store_weight(p.n, job.total, grad_weight, grad_weight_stride);
     rms_fp_env_leave(saved);
     free(job.packed);
