@@ -23,12 +23,9 @@
  */
 #define RMS_CHUNK_ELEMENTS 65536
 /* A problem of fewer elements than two chunks stays on the calling thread;
-   from there on, threads share it. With the pool's workers waiting busy
-   for the next task (thread_pool.c), two threads took a third less time
-   than one at 32x4096, 128x1024 and 16x8192, every dtype, forward and
-   backward (benchmarks/compare_builds.py --threads 2, four runs: 12% to
-   50% less in 86 of 88 figures). Before they waited busy, waking one cost
-   as much as such a problem's work, and the threshold was four chunks. */
+   from there on, threads share it: the pool's workers wait busy for the
+   next task (thread_pool.c), so that waking one costs far less than two
+   chunks' work (docs/performance.md has the figures). */
 #define RMS_PARALLEL_MIN_ELEMENTS (2 * RMS_CHUNK_ELEMENTS)
 /* Outputs at least this large are written with non-temporal stores: they
    cannot stay in cache for the caller anyway, and skipping the read of each
@@ -340,10 +337,7 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
 #define RMS_TILE_COLUMNS 4096
 /* Rows longer than a tile are read twice, by their reduction passes and
    then by their tiles' write passes, which also ask for the next chunk's
-   rows: two chunks must fit in a core's cache. Measured on 1 thread at
-   1024x8192, float64 rows lost a sixth against the untiled backward in
-   chunks of 65536 elements, and a few percent in chunks of 32768; float32
-   and float16 rows, in 65536, nothing. */
+   rows: two chunks must fit in a core's cache (docs/performance.md). */
 #define RMS_TILED_CHUNK_BYTES ((ptrdiff_t)256 << 10)
 /* A chunk of rows longer than a tile holds fewer rows than this. */
 #define RMS_TILED_ROWS_MAX (RMS_CHUNK_ELEMENTS / RMS_TILE_COLUMNS)

@@ -42,10 +42,8 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 /*
  * How long a thread waits busy before it sleeps: a worker for the next
  * task, the caller for the workers to finish theirs. Waking a sleeping
- * thread took tens of microseconds on a 2-CPU VM, as long as a 64x4096
- * float32 forward takes on one thread (40 us): on two threads it took 41
- * to 68 us, and with the threads waiting busy through the gap between
- * calls, 23 to 32. An idle worker sleeps after this long.
+ * thread costs tens of microseconds, as much as a small problem's whole
+ * work (docs/performance.md). An idle worker sleeps after this long.
  */
 #define RMS_SPIN_NANOSECONDS 100000
 
