@@ -34,6 +34,9 @@ typedef struct {
     const char *ahead_grad_output, *ahead_x;
 } rms_backward_row_operands;
 
+/* The functions out of line take the operands by value: where their
+   address reached one, the compiler kept a hot loop's operands in memory. */
+
 /* A block's operands, `at` columns into the row's. */
 RMS_ALWAYS_INLINE const char *rms_backward_grad_output_at(const rms_backward_row_operands *o,
                                                           ptrdiff_t at)
@@ -186,8 +189,9 @@ RMS_ALWAYS_INLINE void rms_backward_any_block(rms_kind xk, rms_kind wk,
  * gains g x r. Rare enough to take the kinds at run time, out of line.
  */
 RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n,
-                                             const rms_backward_row_operands *o, double sum_g_x)
+                                             rms_backward_row_operands operands, double sum_g_x)
 {
+    const rms_backward_row_operands *o = &operands;
     const rms_vd r = rms_vd_set(INFINITY), minus_sum = rms_vd_set(-sum_g_x);
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
@@ -257,9 +261,10 @@ static inline double rms_scaled_difference(double a, int a_exponent, double b, i
  * inf or NaN: the vector path gives torch's non-finite results there.
  */
 RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n,
-                                           const rms_backward_row_operands *o,
+                                           rms_backward_row_operands operands,
                                            rms_scaled_inv scaled, rms_backward_plan *plan)
 {
+    const rms_backward_row_operands *o = &operands;
     const double *w = o->w;
     for (ptrdiff_t j = 0; j < n; j++) {
         const double go = rms_load_scalar(xk, rms_backward_grad_output_at(o, j));
@@ -311,8 +316,9 @@ RMS_NOINLINE int rms_backward_extreme_plan(rms_kind xk, ptrdiff_t n,
 /* The write pass of a row that rms_backward_extreme_plan took, over
    `count` of its elements. */
 RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_plan *plan,
-                                             ptrdiff_t count, const rms_backward_row_operands *o)
+                                             ptrdiff_t count, rms_backward_row_operands operands)
 {
+    const rms_backward_row_operands *o = &operands;
     const double *w = o->w;
     if (plan->path == RMS_BACKWARD_ZERO_INV) {
         /* eps = +inf: inv_rms is 0, and so is every gradient's own term,
@@ -350,8 +356,9 @@ RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_pla
    double is 0, every product may have underflowed (grad_output near
    2^-1070) rather than cancelled, and mean(g x_hat) is then not the 0 the
    vector path would take. */
-RMS_NOINLINE int rms_row_has_a_product(ptrdiff_t n, const rms_backward_row_operands *o)
+RMS_NOINLINE int rms_row_has_a_product(ptrdiff_t n, rms_backward_row_operands operands)
 {
+    const rms_backward_row_operands *o = &operands;
     for (ptrdiff_t j = 0; j < n; j++) {
         const double go = rms_load_scalar(RMS_KIND_F64, rms_backward_grad_output_at(o, j));
         const double xj = rms_load_scalar(RMS_KIND_F64, rms_backward_x_at(o, j));
@@ -386,7 +393,7 @@ RMS_ALWAYS_INLINE int rms_backward_row_is_extreme(rms_kind xk, ptrdiff_t n,
     if (dot == 0.0) {
         return inv_rms.exponent != 0 ||
                (xk == RMS_KIND_F64 &&
-                rms_row_has_a_product(n, o));
+                rms_row_has_a_product(n, *o));
     }
     const int mean_binade = ilogb(dot) + ilogb(inv_rms.inv.hi) + inv_rms.exponent;
     return mean_binade < -960 || mean_binade > 960;
@@ -431,7 +438,7 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
     }
     rms_backward_plan plan = {RMS_BACKWARD_VECTOR, 0, 0, 0, 0.0, 0.0};
     if (rms_backward_row_is_extreme(xk, n, o, scaled, sum_g_x) &&
-        rms_backward_extreme_plan(xk, n, o, scaled, &plan)) {
+        rms_backward_extreme_plan(xk, n, *o, scaled, &plan)) {
         return plan;
     }
     const rms_dd inv_rms_dd = rms_scaled_inv_value(scaled);
@@ -470,11 +477,11 @@ RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
                                               const rms_backward_row_operands *o, int stream)
 {
     if (plan->path == RMS_BACKWARD_EXTREME || plan->path == RMS_BACKWARD_ZERO_INV) {
-        rms_backward_extreme_write(xk, plan, count, o);
+        rms_backward_extreme_write(xk, plan, count, *o);
         return;
     }
     if (plan->path == RMS_BACKWARD_UNBOUNDED) {
-        rms_backward_row_unbounded(xk, count, o, plan->mean);
+        rms_backward_row_unbounded(xk, count, *o, plan->mean);
         return;
     }
     /* the conditions that are constants fold the float path away for the
