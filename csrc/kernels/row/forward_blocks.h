@@ -195,8 +195,9 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const ch
  *
  * Without fused multiply-adds, each product's error costs Dekker's split,
  * which the double write takes twice here: the portable float32 forward
- * with an offset took half as long again as without, and now takes a
- * quarter as long, having no exact sum to make first either.
+ * with an offset took half as long again as without. Written this way, and
+ * with no exact sum to make first, it takes a quarter of the time of the
+ * forward without an offset, which is still written in double.
  */
 RMS_ALWAYS_INLINE int rms_forward_block_offset32(rms_kind xk, const char *x, ptrdiff_t xs,
                                                  const double *w_hi, char *y, ptrdiff_t ys,
