@@ -4,6 +4,7 @@
     python benchmarks/bench.py --quick       # a few repeats, to see that it runs
     python benchmarks/bench.py --only fused  # one section, printed, no files
     python benchmarks/bench.py --only torch  # rmsnorm.torch beside torch, printed, no files
+    python benchmarks/bench.py --only offset # forward with weight_offset beside without
 
 The peers are optional and each column reads n/a without its package. Install
 them with ``pip install -e ".[bench]"`` (onnxruntime, onnx and matplotlib for
@@ -36,6 +37,10 @@ shortcuts included) on one thread beside eager ``torch.nn.functional.rms_norm``
 and ``torch.compile`` of it, on torch tensors: the forward under ``no_grad``,
 and the forward plus autograd's backward. Its outputs and gradients are
 checked against eager torch's first.
+
+A fourth section times the forward with a weight offset (Gemma's 1 + weight)
+beside the plain forward on one thread, at the first section's shapes: both
+gufuncs with ``out=``, interleaved, and their ratio.
 """
 
 from __future__ import annotations
@@ -109,6 +114,10 @@ TORCH_SHAPES = [(rows, 4096, dtype) for dtype in ("float32", "bfloat16") for row
 # The fused residual-add section's rows, on 1 thread: its goals are for these.
 FUSED_SHAPES = [(rows, hidden, dtype) for dtype in ("float32", "float16", "bfloat16")
                 for rows, hidden in ((2048, 4096), (4096, 8192))]
+# The weight offset section's rows, on 1 thread: the first section's shapes.
+OFFSET_SHAPES = SHAPES
+# Gemma's: the factor is 1 + weight.
+WEIGHT_OFFSET = 1.0
 # Shapes this large take seconds per call for the slow candidates (the NumPy
 # composite, torch eager in half precision): they run --large-repeats repeats.
 LARGE = 4096 * 8192
@@ -457,6 +466,28 @@ def fused_candidates(rows, hidden, dtype):
     return candidates, x.nbytes
 
 
+def offset_candidates(rows, hidden, dtype):
+    """forward and forward_offset (weight_offset=1) with out=, on 1 thread.
+
+    Raises AssertionError where the offset's output is not close to the
+    NumPy composite's with the factor 1 + w.
+    """
+    rng = np.random.default_rng(0)
+    x = page_aligned(rng.standard_normal((rows, hidden)).astype(dtype))
+    w = page_aligned((0.1 * rng.standard_normal(hidden)).astype(dtype))
+    eps = np.float64(EPS) if dtype == np.float64 else np.float32(EPS)
+    offset = np.float64(WEIGHT_OFFSET)
+    y = page_aligned(np.zeros_like(x))
+    rmsnorm.set_num_threads(1)
+    rmsnorm.forward_offset(x, w, offset, eps, out=y)
+    xf = x.astype(np.float64)
+    assert_close("forward_offset", y, numpy_forward(xf, WEIGHT_OFFSET + w.astype(np.float64)))
+    return {
+        "forward": lambda: rmsnorm.forward(x, w, eps, out=y),
+        "forward_offset": lambda: rmsnorm.forward_offset(x, w, offset, eps, out=y),
+    }
+
+
 def torch_op_candidates(rows, hidden, dtype_name):
     """(forward, both): rmsnorm.torch.rms_norm, eager torch and torch.compile on 1 thread.
 
@@ -520,8 +551,8 @@ DEFAULT_RTOL = {"float32": 1.3e-6, "bfloat16": 1.6e-2}
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python benchmarks/bench.py", description=__doc__.splitlines()[0],
-        epilog="A full run takes about 10 minutes on 2 CPUs and wants a quiet machine: it "
-               "prints three tables and a checklist of the speed goals, and writes them to "
+        epilog="A full run takes about 12 minutes on 2 CPUs and wants a quiet machine: it "
+               "prints four tables and a checklist of the speed goals, and writes them to "
                "results.md, with results.png beside it. The first table (section 'peers') "
                "times rmsnorm beside its peers and a copy, on 1 thread and on all CPUs; the "
                "second (section 'fused', about a minute) times the fused residual add, "
@@ -530,7 +561,9 @@ def main(argv=None) -> int:
                "same traffic), np.add then forward, and backward then np.add; the third "
                "(section 'torch', about a minute) times rmsnorm.torch.rms_norm beside torch "
                "eager and torch.compile on torch tensors, on 1 thread at 1x4096 and 2048x4096 "
-               "in float32 and bfloat16, under no_grad and with autograd's backward. Each "
+               "in float32 and bfloat16, under no_grad and with autograd's backward; the fourth "
+               "(section 'offset', about two minutes) times the forward with weight_offset=1 "
+               "beside without, on 1 thread at the first table's shapes. Each "
                "candidate's times go to stdout as they are measured, with the load other "
                "processes put on the machine meanwhile. The peers need pip install -e "
                "\".[bench]\" and torch; without them their columns read n/a.")
@@ -546,11 +579,13 @@ def main(argv=None) -> int:
                         help=f"repeats for shapes of {LARGE >> 20} Mi elements or more, whose "
                              "slow candidates take seconds per call; at most --repeats "
                              "(default %(default)s)")
-    parser.add_argument("--only", choices=("peers", "fused", "torch"),
+    parser.add_argument("--only", choices=("peers", "fused", "torch", "offset"),
                         help="run one section: peers (rmsnorm beside its peers and a copy) "
                              "or fused (the fused residual add beside its unfused pair and "
                              "two copies) or torch (rmsnorm.torch's op beside torch eager and "
-                             "torch.compile, on torch tensors); prints its table and, unless "
+                             "torch.compile, on torch tensors) or offset (the forward with "
+                             "weight_offset=1 beside without, at the first section's shapes); "
+                             "prints its table and, unless "
                              "--quick, its goals, "
                              "and writes no files, as results.md holds both sections")
     parser.add_argument("--out", type=Path, default=HERE, metavar="DIR",
@@ -615,6 +650,18 @@ def main(argv=None) -> int:
         ), flush=True)
         print(f"  other processes kept {load:.2f} CPUs busy meanwhile", flush=True)
         del forward, both
+    offset_out = []
+    for rows, hidden, dtype in runnable("offset", OFFSET_SHAPES):
+        candidates = offset_candidates(rows, hidden, dtype)
+        n = large_repeats if rows * hidden >= LARGE else repeats
+        medians, load = other_load(interleaved_medians, candidates, n, min_seconds)
+        offset_out.append((rows, hidden, np.dtype(dtype).name, medians))
+        loads.append((f"offset {rows}x{hidden} {offset_out[-1][2]}", load))
+        print(f"offset, 1 thr {rows}x{hidden} {offset_out[-1][2]}: "
+              + ", ".join(f"{k} {v * 1e6:.1f}us" for k, v in medians.items())
+              + f", ratio {medians['forward_offset'] / medians['forward']:.2f}", flush=True)
+        print(f"  other processes kept {load:.2f} CPUs busy meanwhile", flush=True)
+        del candidates
     rmsnorm.set_num_threads(all_threads)
     if torch is not None:
         torch.set_num_threads(all_threads)
@@ -625,6 +672,8 @@ def main(argv=None) -> int:
         table += ("\n" if table else "") + fused_table(fused_out)
     if torch_out:
         table += ("\n" if table else "") + torch_table(torch_out)
+    if offset_out:
+        table += ("\n" if table else "") + offset_table(offset_out)
     versions = [f"NumPy {np.__version__}"]
     for label, module in (("torch", torch), ("onnxruntime", onnxruntime), ("ml_dtypes", ml_dtypes)):
         versions.append(f"{label} {module.__version__}" if module is not None
@@ -653,6 +702,7 @@ def main(argv=None) -> int:
         goals = [check_goals(rows_out)] if rows_out else []
         goals += [check_fused_goals(fused_out)] if fused_out else []
         goals += [check_torch_goals(torch_out)] if torch_out else []
+        goals += [check_offset_goals(offset_out)] if offset_out else []
         report += "\n" + "\n".join(goals)
     print("\n" + report)
     if not args.quick and args.only is None:
@@ -833,6 +883,44 @@ def torch_table(torch_out) -> str:
         "`rmsnorm.set_num_threads(1)`."
     )
     return "\n".join(lines) + "\n"
+
+
+def offset_table(offset_out) -> str:
+    """The weight offset's table: one row per shape and dtype, on 1 thread."""
+    lines = [
+        f"Weight offset, 1 thread, `out=` given (weight_offset={WEIGHT_OFFSET:g}):",
+        "",
+        "| shape | dtype | forward | forward_offset | offset / plain |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for rows, hidden, dtype, t in offset_out:
+        cells = [
+            f"{rows}x{hidden}",
+            dtype,
+            f"{t['forward'] * 1e6:.1f} us",
+            f"{t['forward_offset'] * 1e6:.1f} us",
+            f"{t['forward_offset'] / t['forward']:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "`forward_offset(x, w, 1.0, eps, out=y)`, whose factor is 1 + w formed exactly, beside "
+        "`forward(x, w, eps, out=y)`, timed interleaved on the same page-aligned arrays; w is "
+        "small (0.1 times normal), as Gemma's weights are around 0 with the 1 added."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def check_offset_goals(offset_out) -> str:
+    """The weight offset's goal: float32 within 1.15x of the plain forward."""
+    out = ["Goals of the weight offset (1 thread, `out=` given):"]
+    for rows, hidden, dtype, t in offset_out:
+        if dtype != "float32":
+            continue
+        ratio = t["forward_offset"] / t["forward"]
+        out.append(f"- [{'x' if ratio <= 1.15 else ' '}] {rows}x{hidden} float32: with the "
+                   f"offset {ratio:.2f}x the plain forward (<= 1.15)")
+    return "\n".join(out) + "\n"
 
 
 def check_torch_goals(torch_out) -> str:

@@ -347,6 +347,51 @@ def test_forward_is_the_exact_result_rounded_once(dtype, weight, offset, fused, 
     assert not fused or inexact_sums > checked // 2
 
 
+def _weights_a_hair_from_midpoints(x, eps, offset, rng):
+    """Float32 weights w that put each x * (offset + w) * inv_rms a hair from
+    a float32 midpoint: offset + w is tuned, in w's own steps, toward the
+    factor that would land on the midpoint next to x * inv_rms * offset
+    moved by a random |w| of 2^-32 to 2^-14 (relative to the offset). Those
+    steps are 2^-24 of w, so y lands within about 2^-56 to 2^-38 (relative)
+    of the midpoint, across the fast write's margins (2^-43 and 2^-48)."""
+    inv = 1 / np.sqrt(np.mean(x.astype(LD) ** 2, axis=1, keepdims=True) + eps.astype(LD)[:, None])
+    u = x.astype(LD) * inv
+    small = rng.uniform(1.0, 2.0, x.shape) * np.exp2(rng.integers(-32, -13, x.shape))
+    near = (u * offset * (1 + small.astype(LD) * rng.choice([-1, 1], x.shape))).astype(np.float32)
+    midpoint = (near.astype(LD) + _step(near, np.dtype(np.float32), True).astype(LD)) / 2
+    return (midpoint / u - offset).astype(np.float32)
+
+
+@pytest.mark.parametrize("offset", [1.0, -0.5], ids=["offset=1", "offset=-0.5"])
+def test_float32_offset_outputs_a_hair_from_a_midpoint_are_rounded_once(offset, isa):
+    """float32 with an offset is written the fast way where a bracket of its
+    result is sure of the rounding, and in double elsewhere: outputs just
+    inside and just outside its margins must all be rounded once."""
+    rng = np.random.default_rng(2028)
+    # short rows: their sum's error bound, which widens the margins, is
+    # small beside the margins themselves
+    x = rng.standard_normal((8192, 37)).astype(np.float32)
+    x[x == 0] = 1
+    eps = np.full(len(x), 1e-6, np.float32)
+    w = _weights_a_hair_from_midpoints(x, eps, offset, rng)
+    expected = _rounded_reference(x, w, eps, False, offset)
+    y = rmsnorm.forward_offset(x, w, offset, eps)
+    wrong = y.view(np.uint32) != expected.view(np.uint32)
+    if np.any(wrong):
+        i = tuple(np.argwhere(wrong)[0])
+        raise AssertionError(
+            f"{np.count_nonzero(wrong)} of {y.size} outputs not rounded once on {isa}; first "
+            f"at {i}: x {float(x[i])!r}, w {float(w[i])!r}, offset {offset!r}: got "
+            f"{float(y[i])!r}, expected {float(expected[i])!r}")
+    # the test can fail only if most outputs are within 2^-40 of a midpoint
+    exact = x.astype(LD) * (offset + w.astype(LD)) / np.sqrt(
+        np.mean(x.astype(LD) ** 2, axis=1, keepdims=True) + eps.astype(LD)[:, None])
+    down = exact.astype(np.float32)
+    half_step = np.abs(_step(down, np.dtype(np.float32), True).astype(LD) - down.astype(LD)) / 2
+    off_midpoint = np.abs(np.abs(exact - down.astype(LD)) - half_step) / np.abs(exact)
+    assert np.mean(off_midpoint < 2.0**-40) > 0.7
+
+
 def _exactly_rounded(x_row, w, eps, i, dtype):
     """y[i] of forward(x_row, w, eps) rounded to nearest, settled in rationals.
 

@@ -61,9 +61,11 @@ typedef struct {
                                 ptrdiff_t column_begin, ptrdiff_t column_end,
                                 const double *weight, double *grad_weight_tile);
     /* The forward's weight as its write passes read it: offset + weight
-       as n doubles hi + lo where offset is not NULL, and as n floats where
-       floats is not NULL (16-bit x). Returns whether the fast 16-bit write
-       may take those floats. */
+       as n doubles hi + lo where offset is not NULL, and as floats where
+       floats is not NULL (rms_forward_weight_floats an element): n for
+       16-bit x, and for float32 x with an offset n floats and n more
+       (their rest). Returns whether the fast writes may take those
+       floats. */
     int (*prepare_forward_weight)(ptrdiff_t n, const char *w, ptrdiff_t ws, const double *offset,
                                   double *hi, double *lo, float *floats);
     /* The backward's weight as n doubles, read once per call rather than
@@ -73,10 +75,20 @@ typedef struct {
     void (*store_weight)(ptrdiff_t n, const double *src, char *dst, ptrdiff_t dst_stride);
 } rms_kernels;
 
+/* How many floats an element of the forward's weight takes as its fast
+   writes read it (prepare_forward_weight): one for 16-bit x, the weight or
+   offset + weight rounded once; two for float32 x with an offset, offset +
+   weight as two floats hi + lo; none otherwise. */
+static inline int rms_forward_weight_floats(rms_kind x, int with_offset)
+{
+    return rms_kind_size(x) == 2 ? 1 : x == RMS_KIND_F32 && with_offset ? 2 : 0;
+}
+
 /*
  * Memory for the forward's weight as its write passes read it
  * (prepare_forward_weight): offset + weight as n doubles hi and n doubles
- * lo with an offset, n floats for 16-bit x; free memory when done.
+ * lo with an offset, and floats_per_element n floats; free memory when
+ * done.
  */
 typedef struct {
     char *memory;
@@ -88,15 +100,15 @@ typedef struct {
    floats cannot be had: rows then go in double), or the bytes an offset's
    doubles needed and could not have, having allocated nothing. */
 static inline size_t rms_forward_weight_scratch_alloc(rms_forward_weight_scratch *scratch,
-                                                      ptrdiff_t n, int with_floats,
+                                                      ptrdiff_t n, int floats_per_element,
                                                       int with_offset)
 {
     rms_forward_weight_scratch none = {NULL, NULL, NULL, NULL};
     *scratch = none;
-    if ((size_t)n > SIZE_MAX / (2 * sizeof(double) + sizeof(float))) {
+    if ((size_t)n > SIZE_MAX / (2 * sizeof(double) + 2 * sizeof(float))) {
         return SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
     }
-    const size_t floats_bytes = with_floats ? (size_t)n * sizeof(float) : 0;
+    const size_t floats_bytes = (size_t)floats_per_element * (size_t)n * sizeof(float);
     const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
     if (floats_bytes + offset_bytes == 0) {
         return 0;
@@ -109,7 +121,7 @@ static inline size_t rms_forward_weight_scratch_alloc(rms_forward_weight_scratch
         scratch->hi = (double *)(void *)scratch->memory; /* first: malloc aligns for doubles */
         scratch->lo = scratch->hi + n;
     }
-    if (with_floats) {
+    if (floats_per_element > 0) {
         scratch->floats = (float *)(void *)(scratch->memory + offset_bytes);
     }
     return 0;

@@ -250,7 +250,8 @@ static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels,
 {
     const int with_offset = p->weight_offset != NULL;
     const size_t failed_bytes = rms_forward_weight_scratch_alloc(
-        scratch, p->n, rms_kind_size(rms_type_table[type].x) == 2, with_offset);
+        scratch, p->n, rms_forward_weight_floats(rms_type_table[type].x, with_offset),
+        with_offset);
     if (failed_bytes != 0) {
         return failed_bytes;
     }

@@ -55,7 +55,7 @@ typedef struct {
        rows, where weight_prepared is 0. */
     int weight_prepared;
     const double *weight_hi, *weight_lo; /* offset + weight; NULL without an offset */
-    const float *weight_floats;          /* NULL: no fast 16-bit write */
+    const float *weight_floats;          /* NULL: no fast write from floats */
 } rms_forward_problem;
 
 typedef struct {

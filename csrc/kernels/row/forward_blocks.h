@@ -24,6 +24,7 @@ typedef struct {
     rms_vf hi, lo;       /* the float path's: hi, inv_rms rounded to float, and the rest */
     rms_vf float_error;  /* the float path's bound on its error, relative to |y| */
     rms_vf below, above; /* float16's fast path's: a little below and above inv_rms */
+    rms_vd bracket_below, bracket_above; /* the offset path's: 1 -/+ its margin */
     int product_error;   /* the fast path's, rms_fast16_product_error */
     double sum_error;    /* rms_sum_error, or 0 where the sum is exact */
     rms_unsure_blocks *unsure; /* the double path's, where sum_error leaves a block undecided */
@@ -31,12 +32,14 @@ typedef struct {
 
 /* How a row's blocks are written: each in double, inlined or out of line
    (rows with a weight offset, which takes offset + weight as hi + lo
-   doubles, and rows whose inv_rms is infinite), each in float, or each the
-   fast 16-bit way where that is sure to be exact, else in double. */
+   doubles, and rows whose inv_rms is infinite), each in float, each the
+   fast way for float32 with an offset, or each the fast 16-bit way; the
+   fast ones where they are sure to be exact, else in double. */
 typedef enum {
     RMS_WRITE_DOUBLE,
     RMS_WRITE_DOUBLE_OUT_OF_LINE,
     RMS_WRITE_FLOAT,
+    RMS_WRITE_OFFSET32,
     RMS_WRITE_FAST16
 } rms_write_mode;
 
@@ -86,14 +89,20 @@ RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int w
     const float hi = (float)inv_rms.hi;
     forms.hi = rms_vf_set(hi);
     forms.lo = rms_vf_set((float)((inv_rms.hi - (double)hi) + inv_rms.lo));
-    /* rms_forward_block_float says why 2^-44; twice sum_error outweighs the
-       rounding of the sum to float */
-    forms.float_error = rms_vf_set((float)(0x1p-44 + 2.0 * sum_error));
+    /* rms_forward_block_float says why 2^-44, or 2^-43 with an offset;
+       twice sum_error outweighs the rounding of the sum to float */
+    forms.float_error = rms_vf_set((float)((with_offset ? 0x1p-43 : 0x1p-44) + 2.0 * sum_error));
     /* rms_forward_block_fast16 says why this margin */
     const double margin = 0x1p-23 * (1 + forms.product_error) + 2.0 * sum_error;
     const int fast = mode == RMS_WRITE_FAST16;
     forms.below = rms_vf_set(fast ? rms_float_at_most(inv_rms.hi * (1.0 - margin)) : 0.0f);
     forms.above = rms_vf_set(fast ? rms_float_at_least(inv_rms.hi * (1.0 + margin)) : 0.0f);
+    /* rms_forward_block_offset32 says why this margin */
+    const double bracket = mode == RMS_WRITE_OFFSET32
+                               ? 0x1p-48 + sum_error + fabs(inv_rms.lo / inv_rms.hi)
+                               : 0.0;
+    forms.bracket_below = rms_vd_set(1.0 - bracket);
+    forms.bracket_above = rms_vd_set(1.0 + bracket);
     return forms;
 }
 
@@ -117,19 +126,33 @@ RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int w
  * about 2^-100), and where a lane is infinite or NaN (an infinite weight,
  * an overflow).
  *
+ * With a weight offset, the factor offset + weight is two floats w + w_lo
+ * (rms_offset_weight), within 2^-48 (1 + 2^-20) of it, and S = u_hi * w +
+ * (u_hi * w_lo + u_lo * w), the low part rounded twice, leaves u_lo * w_lo
+ * out. Counted in units of 2^-48 |y|, and each to a factor 1 + 2^-20: lo
+ * 1, u_lo 2, the split of the factor 1, u_lo * w_lo 2, u_lo * w 2, the
+ * low part 3 (it is under 3 * 2^-24 |y|), and e -/+ low 3, 14 in all; e
+ * takes 2^-43, twice the plain path's, so that the bracket holds with
+ * room to spare. The terms that may be subnormal are five, each within
+ * 2^-150 (1 + |w|): 2^-126 (1 + |w|) outweighs them as it does here.
+ *
  * Where x or w is 0, e is 0 and S - e keeps the zero's sign: written
  * below, y = 0 carries sign(x) * sign(w), as x * inv_rms * w does in torch.
  */
 RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
-                                              ptrdiff_t xs, const char *w, ptrdiff_t ws, char *y,
-                                              ptrdiff_t ys, ptrdiff_t count,
-                                              const rms_inv_forms *inv, int stream)
+                                              ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                              const float *w_lo, char *y, ptrdiff_t ys,
+                                              ptrdiff_t count, const rms_inv_forms *inv,
+                                              int stream)
 {
     const rms_vf xv = rms_load_floats(xk, x, xs, count);
     const rms_vf wv = rms_load_floats(wk, w, ws, count);
     const rms_vf u_hi = rms_vf_mul(xv, inv->hi);
     const rms_vf u_lo = rms_vf_fma(xv, inv->lo, rms_vf_product_error(xv, inv->hi, u_hi));
-    const rms_vf low = rms_vf_mul(u_lo, wv);
+    rms_vf low = rms_vf_mul(u_lo, wv);
+    if (w_lo != NULL) {
+        low = rms_vf_fma(u_hi, rms_load_floats(RMS_KIND_F32, (const char *)w_lo, 4, count), low);
+    }
     const rms_vf subnormal_error = rms_vf_where_both_nonzero(
         rms_vf_fma(rms_vf_abs(wv), rms_vf_set(0x1p-126f), rms_vf_set(0x1p-126f)), xv, wv);
     const rms_vf e = rms_vf_fma(rms_vf_abs(rms_vf_mul(u_hi, wv)), inv->float_error,
@@ -141,6 +164,62 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const ch
         return 0;
     }
     rms_store_floats(xk, y, ys, count, below, stream);
+    return 1;
+}
+
+/*
+ * y = x * inv_rms * (offset + weight) for one block of float32 with a
+ * weight offset, rounded once, without fused multiply-adds (with them,
+ * rms_forward_block_float takes these rows); returns 0, having written
+ * nothing, where it cannot be sure of that, and the caller writes the
+ * block in double from offset + weight as hi + lo
+ * (rms_forward_block_double).
+ *
+ * v = (x * inv_rms.hi) * hi, two products in double, rounds twice and
+ * leaves out lo (under 2^-53 |hi|: hi is offset + weight rounded to
+ * double, lo the rest), so v is within 3 * 2^-53 (1 + 2^-50) |v| of
+ * x * inv_rms.hi * (offset + weight); inv_rms.hi is within |inv_rms.lo /
+ * inv_rms.hi| of inv_rms, and inv_rms within sum_error of the exact sum's.
+ * v (1 - m) and v (1 + m), with m = 2^-48 + sum_error + |inv_rms.lo /
+ * inv_rms.hi| (their products and 1 -/+ m rounded: 2^-52 more), then
+ * bracket y, with room to spare for the products of those errors, and
+ * rounding to nearest is monotone: where both round to
+ * the same float, so does y, and that float is written. They differ near a
+ * midpoint (about 1 lane in 2^22 of ordinary data, more with a sum_error).
+ * That holds where x * inv_rms.hi is a normal double, as inv_rms in
+ * [2^-100, 2^100] (rms_write_mode_of) makes it for every finite float x;
+ * where v underflows instead, |y| < 2^-1000 and y, v and the bracket all
+ * round to a zero of the sign of x * hi. Where a lane is infinite or NaN
+ * (an infinite hi, an overflow), the two floats' difference is NaN and the
+ * block goes in double, as it did before this path.
+ *
+ * Without fused multiply-adds, each product's error costs Dekker's split,
+ * which the double write takes twice here: the portable float32 forward
+ * with an offset took half as long again as without. Written this way, and
+ * with no exact sum to make first, it takes a quarter of the time of the
+ * forward without an offset, which is still written in double.
+ */
+RMS_ALWAYS_INLINE int rms_forward_block_offset32(rms_kind xk, const char *x, ptrdiff_t xs,
+                                                 const double *w_hi, char *y, ptrdiff_t ys,
+                                                 ptrdiff_t count, const rms_inv_forms *inv,
+                                                 int stream)
+{
+    const rms_block xv = rms_load_doubles(xk, x, xs, count);
+    const rms_block wv = rms_load_doubles(RMS_KIND_F64, (const char *)w_hi, 8, count);
+    const rms_vd inv_hi = rms_vd_set(inv->dd.hi);
+    rms_vd down[RMS_VD_PER_VF], up[RMS_VD_PER_VF];
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        const rms_vd v = rms_vd_mul(rms_vd_mul(xv.part[h], inv_hi), wv.part[h]);
+        down[h] = rms_vd_mul(v, inv->bracket_below);
+        up[h] = rms_vd_mul(v, inv->bracket_above);
+    }
+    const rms_vf low = rms_vf_narrow(down), high = rms_vf_narrow(up);
+    /* 0 where equal and finite; NaN where infinite or NaN */
+    if (!rms_vf_equal(rms_vf_sub(high, low), rms_vf_set(0.0f))) {
+        return 0;
+    }
+    rms_store_floats(xk, y, ys, count, low, stream);
     return 1;
 }
 

@@ -93,7 +93,10 @@ static inline int rms_rows_overlap(const char *a, ptrdiff_t as, const char *b, p
  * rows outside that go in double, not in float: where the weight is below
  * about 2^-100, x * inv_rms.lo * w leaves float's range and the float
  * path's result is not the correctly rounded one near a tie. The float
- * path is float32's alone.
+ * path is float32's alone. With an offset, float32 rows in that range take
+ * it where the offset + weight's floats may be used (rms_offset_weight),
+ * or, without fused multiply-adds, rms_forward_block_offset32, which needs
+ * x * inv_rms.hi a normal double.
  */
 RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
                                                    const rms_row_weight *w, rms_dd inv_rms)
@@ -103,6 +106,10 @@ RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
         if (w->floats != NULL && in_float_range && (xk == RMS_KIND_F16 || inv_rms.hi <= 0x1p15)) {
             return RMS_WRITE_FAST16;
         }
+    }
+    else if (xk == RMS_KIND_F32 && w->lo != NULL && in_float_range &&
+             (!RMS_HAVE_FMA || w->floats != NULL)) {
+        return RMS_WRITE_OFFSET32;
     }
     else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && w->lo == NULL &&
              in_float_range) {
@@ -194,6 +201,9 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
     case RMS_WRITE_FLOAT:
         return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, row, w, y, ys,
                                  stream, inv_rms, sum_error, unsure, next);
+    case RMS_WRITE_OFFSET32:
+        return rms_forward_write(xk, wk, RMS_WRITE_OFFSET32, with_residual, n, row, w, y, ys,
+                                 stream, inv_rms, sum_error, unsure, next);
     case RMS_WRITE_DOUBLE_OUT_OF_LINE:
         return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, source,
                                  w, y, ys, stream, inv_rms, sum_error, unsure, next);
@@ -217,14 +227,20 @@ RMS_ALWAYS_INLINE void rms_weight_floats(rms_kind wk, ptrdiff_t n, const char *w
 /*
  * offset + weight, exactly, as n doubles hi + lo (an error-free sum: lo is
  * what hi, the sum rounded to double, leaves out; 0 where hi is not
- * finite), and, where floats is not NULL, as floats: the exact sum rounded
- * once, through hi rounded to odd. Returns whether the fast 16-bit write
- * may take those floats: not where one is infinite or NaN (a sum past
- * float's range makes 0 * inf of a zero x), nor, to keep the test to one
- * vector operation, below 2^-96 (those rows go in double).
+ * finite), and, where floats is not NULL, as floats: for 16-bit x, the
+ * exact sum rounded once, through hi rounded to odd; for float32 x, hi
+ * rounded to float, and in floats + n the rest, (hi - that) + lo rounded
+ * to float. That pair is within 2^-48 (1 + 2^-20) of the sum where the
+ * sum is 0 or at least 2^-96 (the rest's rounding, 2^-150 at least, is
+ * then no more than 2^-54 of it): the float write's margin counts on that
+ * (rms_forward_block_float). Returns whether the fast writes may take
+ * those floats: not where one is infinite or NaN (a sum past float's range
+ * makes 0 * inf of a zero x), nor, to keep the test to one vector
+ * operation, below 2^-96 (those rows go in double).
  */
-RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w, ptrdiff_t ws,
-                                        double offset, double *hi, double *lo, float *floats)
+RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind xk, rms_kind wk, ptrdiff_t n, const char *w,
+                                        ptrdiff_t ws, double offset, double *hi, double *lo,
+                                        float *floats)
 {
     int floats_usable = 1;
     const rms_vd o = rms_vd_set(offset);
@@ -242,7 +258,20 @@ RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w,
         }
         rms_store_doubles((char *)(hi + i), 8, count, &sum, 0);
         rms_store_doubles((char *)(lo + i), 8, count, &err, 0);
-        if (floats != NULL) {
+        if (floats != NULL && xk == RMS_KIND_F32) {
+            const rms_vf f = rms_vf_narrow(sum.part);
+            rms_vd rest[RMS_VD_PER_VF];
+            RMS_UNROLL
+            for (int h = 0; h < RMS_VD_PER_VF; h++) {
+                /* hi - f is exact: f is hi rounded to float */
+                rest[h] = rms_vd_add(rms_vd_sub(sum.part[h], rms_vd_widen(f, h)), err.part[h]);
+            }
+            floats_usable &= !rms_vf_any_abnormal(rms_vf_mul(f, rms_vf_set(0x1p-30f)));
+            rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count, f, 0);
+            rms_store_floats(RMS_KIND_F32, (char *)(floats + n + i), 4, count, rms_vf_narrow(rest),
+                             0);
+        }
+        else if (floats != NULL) {
             const rms_vf f = rms_vf_narrow(odd.part);
             floats_usable &= !rms_vf_any_abnormal(rms_vf_mul(f, rms_vf_set(0x1p-30f)));
             rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count, f, 0);
@@ -252,18 +281,19 @@ RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind wk, ptrdiff_t n, const char *w,
 }
 
 /* The forward's weight as a row's write pass reads it (rms_row_weight),
-   as prepare_forward_weight says (kernels.h); floats only for 16-bit x. */
+   as prepare_forward_weight says (kernels.h); floats only for 16-bit x,
+   and for float32 x with an offset where fused multiply-adds exist. */
 RMS_ALWAYS_INLINE int rms_prepare_forward_weight(rms_kind xk, rms_kind wk, ptrdiff_t n,
                                                  const char *w, ptrdiff_t ws, const double *offset,
                                                  double *hi, double *lo, float *floats)
 {
-    if (!rms_has_fast16(xk)) {
-        floats = NULL; /* a constant: the types without the fast write compile no floats */
+    if (!rms_has_fast16(xk) && !(RMS_HAVE_FMA && xk == RMS_KIND_F32)) {
+        floats = NULL; /* a constant: the types without a fast write from floats compile none */
     }
     if (offset != NULL) {
-        return rms_offset_weight(wk, n, w, ws, *offset, hi, lo, floats);
+        return rms_offset_weight(xk, wk, n, w, ws, *offset, hi, lo, floats) && floats != NULL;
     }
-    if (floats != NULL) {
+    if (floats != NULL && rms_has_fast16(xk)) {
         rms_weight_floats(wk, n, w, ws, floats);
     }
     return 1;
@@ -346,11 +376,15 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         return 0;
     }
     const int with_offset = p->weight_offset != NULL;
-    rms_row_weight w = {NULL, p->weight.stride, p->weight_hi, p->weight_lo, p->weight_floats};
+    rms_row_weight w = {NULL, p->weight.stride, p->weight_hi, p->weight_lo, p->weight_floats,
+                        NULL};
+    if (xk == RMS_KIND_F32 && w.floats != NULL) {
+        w.floats_lo = w.floats + n; /* the rest of offset + weight follows its floats */
+    }
     rms_forward_weight_scratch scratch = {NULL, NULL, NULL, NULL};
     if (!p->weight_prepared) {
-        const size_t failed_bytes =
-            rms_forward_weight_scratch_alloc(&scratch, n, rms_has_fast16(xk), with_offset);
+        const size_t failed_bytes = rms_forward_weight_scratch_alloc(
+            &scratch, n, rms_forward_weight_floats(xk, with_offset), with_offset);
         if (failed_bytes != 0) {
             return failed_bytes;
         }
@@ -388,6 +422,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
                                            with_offset ? &offset : NULL, scratch.hi, scratch.lo,
                                            scratch.floats);
             w.floats = usable ? scratch.floats : NULL;
+            w.floats_lo = xk == RMS_KIND_F32 && w.floats != NULL ? w.floats + n : NULL;
         }
         if (RMS_STRIDED_ROWS && !contiguous) {
             const rms_row_source src = rms_source_of(p, with_residual, 0, r, 0);

@@ -60,19 +60,21 @@ RMS_ALWAYS_INLINE int rms_can_stream(int stream, const char *out, ptrdiff_t stri
 
 /* The weight as a row's write pass reads it: as stored, or with an offset
    as doubles hi + lo, offset + weight exactly; and as floats for the fast
-   16-bit write. */
+   writes: for the 16-bit one, and for float32's with an offset, which
+   takes offset + weight as floats + floats_lo. */
 typedef struct {
     const char *data; /* as stored */
     ptrdiff_t stride;
     const double *hi, *lo; /* with an offset; else NULL */
-    const float *floats;   /* NULL where the fast 16-bit write is not to be used */
+    const float *floats;   /* NULL where the fast write from floats is not to be used */
+    const float *floats_lo; /* float32 x with an offset; else NULL */
 } rms_row_weight;
 
 /* Whether a write mode is a fast path, which may be unsure of a block and
    leave it to the double write. */
 RMS_ALWAYS_INLINE int rms_mode_is_fast(rms_write_mode mode)
 {
-    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT;
+    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT || mode == RMS_WRITE_OFFSET32;
 }
 
 /* Whether a write mode's unsure blocks can wait for the end of the step. */
@@ -94,8 +96,16 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
         rms_forward_block_fast16(xk, x, xs, w->floats + at, y, ys, count, inv, stream)) {
         return 1;
     }
-    if (mode == RMS_WRITE_FLOAT &&
-        rms_forward_block_float(xk, wk, x, xs, w_at, w->stride, y, ys, count, inv, stream)) {
+    if (mode == RMS_WRITE_FLOAT && rms_forward_block_float(xk, wk, x, xs, w_at, w->stride,
+                                                          NULL, y, ys, count, inv, stream)) {
+        return 1;
+    }
+    if (mode == RMS_WRITE_OFFSET32 &&
+        (RMS_HAVE_FMA ? rms_forward_block_float(xk, RMS_KIND_F32, x, xs,
+                                                (const char *)(w->floats + at), 4,
+                                                w->floats_lo + at, y, ys, count, inv, stream)
+                      : rms_forward_block_offset32(xk, x, xs, w->hi + at, y, ys, count, inv,
+                                                   stream))) {
         return 1;
     }
     if (defer && rms_mode_may_defer(mode)) {
