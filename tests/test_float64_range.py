@@ -17,12 +17,16 @@ step of its own can overflow.
 
 from __future__ import annotations
 
+import functools
+import math
 from decimal import Context, Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 import rmsnorm
+from closeness import assert_same_bytes
 
 N = 7
 WIDE = Context(prec=2000, Emin=-99999, Emax=99999)
@@ -207,3 +211,147 @@ def test_a_long_subnormal_row_keeps_its_gradients_within_a_few_ulp(isa):
     exact_input, exact_weight, terms = _exact_backward(grad_output, x, weight, 0.0)
     _assert_close_to_exact(grad_input, exact_input, "grad_input", ulps=4, terms=terms)
     _assert_close_to_exact(grad_weight, exact_weight, "grad_weight", ulps=4)
+
+
+# Outputs below double's normal range, hunted on purpose: the exact y,
+# rounded once to the subnormal grid. Each case puts y (or x * inv_rms, on
+# the way to it) there a different way; each runs with and without a
+# weight offset and a residual, in rows shorter than a vector step and
+# longer than several, so that both the write and the reduction that rides
+# in it meet the tiny values.
+SUBNORMAL_ROWS = 24
+SUBNORMAL_LENGTHS = [37, 300]
+
+
+def _signs(rng, shape):
+    return np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+
+
+def _subnormal_x_with_eps(rng, shape):
+    """x a few thousand ULPs of the smallest subnormal, eps > 0 from 1e-12
+    to 1e3: inv_rms is 1 / sqrt(eps), and x * inv_rms mostly subnormal."""
+    x = _signs(rng, shape) * rng.integers(1, 1 << 20, shape) * 2.0**-1074
+    w = _signs(rng, shape[-1]) * rng.uniform(0.25, 4.0, shape[-1])
+    return x, w, 10.0 ** rng.uniform(-12, 3, shape[0]), 0.5
+
+
+def _subnormal_weights(rng, shape):
+    x = rng.standard_normal(shape)
+    w = _signs(rng, shape[-1]) * rng.integers(1, 1 << 52, shape[-1]) * 2.0**-1074
+    return x, w, np.where(rng.random(shape[0]) < 0.5, 0.0, 1e-6), 2.0**-1050
+
+
+def _huge_eps_tiny_weights(rng, shape):
+    """eps = 1e30 puts inv_rms near 1e-15, and weights near 1e-300 put y
+    below 1e-308."""
+    x = rng.standard_normal(shape)
+    w = _signs(rng, shape[-1]) * rng.uniform(0.5, 2.0, shape[-1]) * 1e-300
+    return x, w, np.full(shape[0], 1e30), 0.5e-300
+
+
+def _tiny_values_huge_weights(rng, shape):
+    """Values near 1 and down to the smallest subnormal in one row: x *
+    inv_rms underflows where the weight, up to 2^1000, brings y back."""
+    exponents = np.where(rng.random(shape) < 0.25, rng.integers(0, 4, shape),
+                         rng.integers(950, 1075, shape))
+    x = _signs(rng, shape) * np.maximum(
+        rng.uniform(1.0, 2.0, shape) * np.exp2(-exponents.astype(float)), 2.0**-1074)
+    w = _signs(rng, shape[-1]) * rng.uniform(1.0, 2.0, shape[-1]) * np.exp2(
+        rng.integers(0, 1001, shape[-1]).astype(float))
+    return x, w, np.zeros(shape[0]), 1.0
+
+
+def _around_the_smallest_normal(rng, shape):
+    """y within a few binades of 2^-1022 either way, some rows with zeros."""
+    x = rng.standard_normal(shape)
+    x[::3, ::5] = 0.0
+    w = _signs(rng, shape[-1]) * rng.uniform(0.5, 2.0, shape[-1]) * 2.0**-1022
+    return x, w, np.full(shape[0], 1e-6), 2.0**-1023
+
+
+SUBNORMAL_CASES = {
+    "subnormal_x_with_eps": _subnormal_x_with_eps,
+    "subnormal_weights": _subnormal_weights,
+    "huge_eps_tiny_weights": _huge_eps_tiny_weights,
+    "tiny_values_huge_weights": _tiny_values_huge_weights,
+    "around_the_smallest_normal": _around_the_smallest_normal,
+}
+
+
+def _nearest_double_to_root(square: Fraction) -> float:
+    """The double nearest sqrt(square), ties to even, subnormals included:
+    k = floor(sqrt(square) / step) in integers, with step the spacing of
+    doubles in sqrt(square)'s binade, then k + 1/2 against it, squared."""
+    if square == 0:
+        return 0.0
+    exponent = (square.numerator.bit_length() - square.denominator.bit_length()) // 2
+    while Fraction(4) ** exponent > square:
+        exponent -= 1
+    while Fraction(4) ** (exponent + 1) <= square:
+        exponent += 1
+    step = max(exponent - 52, -1074)
+    scaled = square / Fraction(4) ** step
+    k = math.isqrt(scaled.numerator // scaled.denominator)
+    halfway = Fraction(2 * k + 1, 2) ** 2
+    if scaled > halfway or (scaled == halfway and k % 2 == 1):
+        k += 1
+    return math.ldexp(k, step)
+
+
+def _exact_rounded_forward(x, w, eps, offset):
+    """x * (offset + w) / sqrt(mean(x^2) + eps) in rationals, rounded once."""
+    out = np.empty_like(x)
+    factors = [Fraction(offset) + Fraction(v) for v in w]
+    for r, row in enumerate(x):
+        values = [Fraction(v) for v in row]
+        mean = sum(v * v for v in values) / len(values) + Fraction(eps[r])
+        for i, (v, factor) in enumerate(zip(values, factors)):
+            product = v * factor
+            magnitude = _nearest_double_to_root(product * product / mean)
+            sign = math.copysign(1.0, row[i]) * (1.0 if factor > 0 else -1.0)
+            out[r, i] = sign * magnitude
+    return out
+
+
+@functools.cache
+def _subnormal_problem(case, n, offset, residual):
+    rng = np.random.default_rng([n, list(SUBNORMAL_CASES).index(case)])
+    x, w, eps, case_offset = SUBNORMAL_CASES[case](rng, (SUBNORMAL_ROWS, n))
+    offset = case_offset if offset else 0.0
+    x_in = None
+    if residual:
+        # x = x_in + residual, rounded once, mostly inexactly
+        x_in = x * rng.uniform(0.25, 0.75, x.shape)
+        x = np.add(x_in, x - x_in)
+    return x_in, x, w, eps, offset, _exact_rounded_forward(x, w, eps, offset)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("offset", [False, True], ids=["no_offset", "offset"])
+@pytest.mark.parametrize("n", SUBNORMAL_LENGTHS)
+@pytest.mark.parametrize("case", SUBNORMAL_CASES)
+def test_outputs_below_the_normal_range_are_rounded_once(case, n, offset, residual, isa):
+    x_in, x, w, eps, weight_offset, expected = _subnormal_problem(case, n, offset, residual)
+    # the case hunts them: y, or x * inv_rms on the way, below the normal range
+    wide = x.astype(np.longdouble)
+    x_hat = wide / np.sqrt(np.mean(wide * wide, axis=-1, keepdims=True) + eps[:, None])
+    below = (np.abs(expected) < 2.0**-1022) | (np.abs(x_hat) < 2.0**-1022)
+    assert np.count_nonzero(below) > x.size // 4
+    if residual:
+        r = x - x_in
+        if offset:
+            y, h = rmsnorm.add_forward_offset(x_in, r, w, weight_offset, eps)
+        else:
+            y, h = rmsnorm.add_forward(x_in, r, w, eps)
+        assert_same_bytes(h, np.add(x_in, r), what="residual_out")
+    elif offset:
+        y = rmsnorm.forward_offset(x, w, weight_offset, eps)
+    else:
+        y = rmsnorm.forward(x, w, eps)
+    wrong = y.view(np.uint64) != expected.view(np.uint64)
+    if wrong.any():
+        at = tuple(int(i) for i in np.argwhere(wrong)[0])
+        raise AssertionError(
+            f"{int(wrong.sum())} of {wrong.size} outputs not rounded once; first at {at}: "
+            f"{y[at]!r}, exact rounded {expected[at]!r}: "
+            f"{abs(int(y.view(np.int64)[at]) - int(expected.view(np.int64)[at]))} ULP apart")

@@ -27,6 +27,7 @@ typedef struct {
     rms_vd bracket_below, bracket_above; /* the offset path's: 1 -/+ its margin */
     int product_error;   /* the fast path's, rms_fast16_product_error */
     double sum_error;    /* rms_sum_error, or 0 where the sum is exact */
+    int near_underflow;  /* whether a float64 block's write may go near underflow */
     rms_unsure_blocks *unsure; /* the double path's, where sum_error leaves a block undecided */
 } rms_inv_forms;
 
@@ -78,13 +79,14 @@ static inline float rms_float_at_least(double v)
    that was not enough. */
 RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int with_offset,
                                                  rms_dd inv_rms, double sum_error,
-                                                 rms_unsure_blocks *unsure,
+                                                 int near_underflow, rms_unsure_blocks *unsure,
                                                  rms_write_mode mode)
 {
     rms_inv_forms forms;
     forms.product_error = rms_fast16_product_error(xk, wk, with_offset);
     forms.dd = inv_rms;
     forms.sum_error = sum_error;
+    forms.near_underflow = near_underflow;
     forms.unsure = unsure;
     const float hi = (float)inv_rms.hi;
     forms.hi = rms_vf_set(hi);
@@ -242,6 +244,79 @@ RMS_ALWAYS_INLINE int rms_rounds_alike(rms_kind kind, const rms_block *v, double
                         rms_vf_narrow16(kind, rms_vf_narrow_round_to_odd(up)));
 }
 
+/*
+ * y = x * (w_hi + w_lo) * inv * 2^exponent for one float64 element, x and
+ * w_hi finite and nonzero, inv in [0.5, 1): rounded once, however far y is
+ * from 1. The significands of x and w are multiplied in double-double, and
+ * that by inv, their exponents and the scale summed apart, and the result
+ * rounded once at the end (rms_dd_ldexp), to the subnormal grid where it
+ * lies below the normal range: no step overflows, underflows, or rounds
+ * before that one.
+ */
+static inline double rms_forward_element_scaled(double x, double w_hi, double w_lo, rms_dd inv,
+                                                int exponent)
+{
+    int x_exponent, w_exponent;
+    const double x_sig = frexp(x, &x_exponent), w_sig = frexp(w_hi, &w_exponent);
+    const double w_lo_sig = ldexp(w_lo, -w_exponent);
+    /* a = x_sig * (w_sig + w_lo_sig), then a * inv, each as hi + lo */
+    const double a_hi = x_sig * w_sig;
+    const double a_lo = fma(x_sig, w_sig, -a_hi) + x_sig * w_lo_sig;
+    const double b_hi = a_hi * inv.hi;
+    const double b_lo = fma(a_hi, inv.hi, -b_hi) + (a_hi * inv.lo + a_lo * inv.hi);
+    double err;
+    const double sum = rms_two_sum(b_hi, b_lo, &err);
+    return rms_dd_ldexp(sum, err, x_exponent + w_exponent + exponent);
+}
+
+/* Where a float64 block's x * inv_rms or y falls below this, its double
+   write may not round y once: the error of x * inv_rms, or of the low
+   part of y, is then lost to underflow (up to 2^-1075 each), or y itself
+   is rounded to the subnormal grid from an inexact sum. Above it, those
+   errors stay below 2^-170 of y, like the write's own, and every product
+   error is exact: an exact product of two doubles has at most 106
+   significant bits, so its lowest is above 2^-1007. */
+#define RMS_NEAR_UNDERFLOW 0x1p-900
+
+/*
+ * The float64 elements of a block whose double write went near underflow
+ * (RMS_NEAR_UNDERFLOW), written again into y one at a time by
+ * rms_forward_element_scaled, which rounds them once; out of line, as
+ * only rows with tiny elements or weights get here. Only finite nonzero x
+ * and w are, in rows whose inv_rms is positive and finite: zeros,
+ * infinities and NaNs are as the block wrote them.
+ */
+RMS_NOINLINE void rms_forward_block_near_underflow(rms_kind wk, const char *x, ptrdiff_t xs,
+                                                   const char *w, ptrdiff_t ws,
+                                                   const double *w_lo, ptrdiff_t count,
+                                                   rms_dd inv_rms, rms_block *y)
+{
+    if (!(inv_rms.hi > 0.0) || isinf(inv_rms.hi)) {
+        return;
+    }
+    double values[RMS_VF_WIDTH];
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        rms_vd_store((char *)(values + h * RMS_VD_WIDTH), y->part[h], 0);
+    }
+    int inv_exponent;
+    rms_dd inv;
+    inv.hi = frexp(inv_rms.hi, &inv_exponent);
+    inv.lo = ldexp(inv_rms.lo, -inv_exponent);
+    for (ptrdiff_t i = 0; i < count; i++) {
+        const double xi = rms_load_scalar(RMS_KIND_F64, rms_element(x, i, xs));
+        const double wi = rms_load_scalar(wk, rms_element(w, i, ws));
+        if (isfinite(xi) && isfinite(wi) && xi != 0.0 && wi != 0.0) {
+            values[i] = rms_forward_element_scaled(xi, wi, w_lo != NULL ? w_lo[i] : 0.0, inv,
+                                                   inv_exponent);
+        }
+    }
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        y->part[h] = rms_vd_load((const char *)(values + h * RMS_VD_WIDTH));
+    }
+}
+
 /* The same in double, for every type: exact products where x and w are
    floats, and a compensated product where either is a double: for a
    float64 y, u_hi * w + low in one fused multiply-add where there is one;
@@ -254,12 +329,15 @@ RMS_ALWAYS_INLINE int rms_rounds_alike(rms_kind kind, const rms_block *v, double
    is and 0 returned, for it to be written again from an exact sum
    (rms_forward_row_exactly); else 1.
    w_lo, where not NULL, holds the part of the weight that w (doubles)
-   leaves out: offset + weight is w + w_lo exactly. */
+   leaves out: offset + weight is w + w_lo exactly. With check_underflow
+   (float64 rows that may go near underflow, rms_forward_row), a block
+   with a lane of x * inv_rms or y below RMS_NEAR_UNDERFLOW is written
+   again by rms_forward_block_near_underflow. */
 RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
                                                ptrdiff_t xs, const char *w, ptrdiff_t ws,
                                                const double *w_lo, char *y, ptrdiff_t ys,
                                                ptrdiff_t count, rms_dd inv_rms, double sum_error,
-                                               int stream)
+                                               int check_underflow, int stream)
 {
     const rms_block xv = rms_load_doubles(xk, x, xs, count);
     const rms_block wv = rms_load_doubles(wk, w, ws, count);
@@ -269,6 +347,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
     }
     const rms_vd inv_hi = rms_vd_set(inv_rms.hi), inv_lo = rms_vd_set(inv_rms.lo);
     rms_block hi, err;
+    int near_underflow = 0; /* where check_underflow: rms_forward_block_near_underflow */
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd xh = xv.part[h], wh = wv.part[h];
@@ -300,15 +379,23 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
                 rms_vd_sub(rms_vd_set(-0.0), rms_vd_sub(rms_vd_set(0.0), low));
             hi.part[h] = rms_vd_muladd(u_hi, wh, low_or_minus_zero);
             err.part[h] = rms_vd_set(0.0);
-            continue;
         }
-        const rms_vd p = rms_vd_mul(u_hi, wh);
-        const rms_vd tail =
-            rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
-        /* p - (0 - tail) is p + tail, but keeps p's sign where both
-           are zeros (x = 0 with a negative w gives -0, as in torch) */
-        hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
-        err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
+        else {
+            const rms_vd p = rms_vd_mul(u_hi, wh);
+            const rms_vd tail =
+                rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
+            /* p - (0 - tail) is p + tail, but keeps p's sign where both
+               are zeros (x = 0 with a negative w gives -0, as in torch) */
+            hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
+            err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
+        }
+        if (xk == RMS_KIND_F64 && check_underflow) {
+            near_underflow |= rms_vd_any_below_where_both_nonzero(
+                u_hi, hi.part[h], rms_vd_set(RMS_NEAR_UNDERFLOW), xh, wh);
+        }
+    }
+    if (xk == RMS_KIND_F64 && check_underflow && near_underflow) {
+        rms_forward_block_near_underflow(wk, x, xs, w, ws, w_lo, count, inv_rms, &hi);
     }
     const int sure = !rms_squares_are_plain(xk) || sum_error == 0.0 ||
                      rms_rounds_alike(xk, &hi, sum_error + 0x1p-50);
@@ -345,11 +432,13 @@ RMS_ALWAYS_INLINE void rms_forward_block_unbounded(rms_kind xk, rms_kind wk, con
    unsure blocks a twentieth of the 16-bit forward.) */
 typedef int (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws,
                                    const double *w_lo, char *y, ptrdiff_t ys, ptrdiff_t count,
-                                   rms_dd inv_rms, double sum_error, int stream);
+                                   rms_dd inv_rms, double sum_error, int check_underflow,
+                                   int stream);
 #define RMS_BLOCK_DOUBLE_OF(x_kind, w_kind)                                                    \
     RMS_NOINLINE int rms_forward_block_double_##x_kind##_##w_kind(                             \
         const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws, const double *w_lo, char *y, \
-        ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms, double sum_error, int stream)           \
+        ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms, double sum_error, int check_underflow,  \
+        int stream)                                                                            \
     {                                                                                          \
         if (isinf(inv_rms.hi)) {                                                               \
             rms_forward_block_unbounded(RMS_KIND_##x_kind, RMS_KIND_##w_kind, x, xs, w, ws, y, \
@@ -357,7 +446,8 @@ typedef int (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, p
             return 1;                                                                          \
         }                                                                                      \
         return rms_forward_block_double(RMS_KIND_##x_kind, RMS_KIND_##w_kind, x, xs, w, ws,    \
-                                        w_lo, y, ys, count, inv_rms, sum_error, stream);       \
+                                        w_lo, y, ys, count, inv_rms, sum_error,                \
+                                        check_underflow, stream);                              \
     }
 #define RMS_BLOCK_DOUBLE_FOR_X(x_kind)                                                         \
     RMS_BLOCK_DOUBLE_OF(x_kind, F32)                                                           \

@@ -10,19 +10,17 @@
 /*
  * y for a float64 row whose inv_rms leaves double's normal range (its
  * largest element past about 2^1000 or below 2^-1000, with eps too small
- * to matter): one element at a time, since such rows are rare. With
- * inv_rms = inv * 2^k, y = x * w * inv is formed from the significands of
- * x and w in double-double, their exponents and k summed apart, and
- * rounded once at the end (rms_dd_ldexp): no step overflows, underflows,
- * or rounds before that one. Where x or w is 0, inf or NaN, y is x * w,
+ * to matter): one element at a time, since such rows are rare, each
+ * rounded once by rms_forward_element_scaled, with inv_rms = inv * 2^k.
+ * Where x or w is 0, inf or NaN, y is x * w,
  * its sign and its inf or NaN as torch's, since inv_rms is positive and
  * finite. Returns the next row's sum of squares, as rms_forward_write
  * does.
  */
-RMS_NOINLINE rms_dd rms_forward_row_extreme(rms_kind wk, int with_residual, ptrdiff_t n,
-                                            const char *x, ptrdiff_t xs, const rms_row_weight *w,
-                                            char *y, ptrdiff_t ys, rms_scaled_inv inv,
-                                            const rms_row_source *next)
+RMS_NOINLINE rms_row_sums rms_forward_row_extreme(rms_kind wk, int with_residual, ptrdiff_t n,
+                                                  const char *x, ptrdiff_t xs,
+                                                  const rms_row_weight *w, char *y, ptrdiff_t ys,
+                                                  rms_scaled_inv inv, const rms_row_source *next)
 {
     for (ptrdiff_t i = 0; i < n; i++) {
         const double xi = rms_load_scalar(RMS_KIND_F64, rms_element(x, i, xs));
@@ -30,21 +28,12 @@ RMS_NOINLINE rms_dd rms_forward_row_extreme(rms_kind wk, int with_residual, ptrd
                                           : rms_load_scalar(wk, rms_element(w->data, i, w->stride));
         double yi = xi * w_hi; /* the zeros, infs and NaNs; x * w itself may not fit */
         if (isfinite(xi) && isfinite(w_hi) && xi != 0.0 && w_hi != 0.0) {
-            int x_exponent, w_exponent;
-            const double x_sig = frexp(xi, &x_exponent), w_sig = frexp(w_hi, &w_exponent);
-            const double w_lo = w->lo != NULL ? ldexp(w->lo[i], -w_exponent) : 0.0;
-            /* a = x_sig * (w_sig + w_lo), then a * inv, each as hi + lo */
-            const double a_hi = x_sig * w_sig;
-            const double a_lo = fma(x_sig, w_sig, -a_hi) + x_sig * w_lo;
-            const double b_hi = a_hi * inv.inv.hi;
-            const double b_lo = fma(a_hi, inv.inv.hi, -b_hi) + (a_hi * inv.inv.lo + a_lo * inv.inv.hi);
-            double err;
-            const double sum = rms_two_sum(b_hi, b_lo, &err);
-            yi = rms_dd_ldexp(sum, err, x_exponent + w_exponent + inv.exponent);
+            yi = rms_forward_element_scaled(xi, w_hi, w->lo != NULL ? w->lo[i] : 0.0, inv.inv,
+                                            inv.exponent);
         }
         memcpy(rms_element_out(y, i, ys), &yi, sizeof yi);
     }
-    rms_dd none = {0.0, 0.0};
+    const rms_row_sums none = {{0.0, 0.0}, INFINITY};
     if (next->x == NULL) {
         return none;
     }
@@ -134,12 +123,14 @@ RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
  * pass costs less than checking every block (the portable float32 forward
  * took twice as long).
  */
-RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_residual, ptrdiff_t n,
-                                         const rms_row_source *row, const rms_row_weight *w,
-                                         double eps, char *y, ptrdiff_t ys, int stream,
-                                         rms_dd sum_squares, const rms_row_source *next,
-                                         rms_unsure_blocks *unsure)
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_row(rms_kind xk, rms_kind wk, int with_residual,
+                                               ptrdiff_t n, const rms_row_source *row,
+                                               const rms_row_weight *w, double eps, char *y,
+                                               ptrdiff_t ys, int stream, rms_row_sums sums,
+                                               const rms_row_source *next,
+                                               rms_unsure_blocks *unsure)
 {
+    const rms_dd sum_squares = sums.squares;
     /* the row's values in memory: x, or the sums */
     const char *x = with_residual ? row->sum : row->x;
     const ptrdiff_t xs = with_residual ? row->sum_stride : row->x_stride;
@@ -193,23 +184,43 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_row(rms_kind xk, rms_kind wk, int with_resi
         mode = rms_write_mode_of(xk, wk, w, inv_rms);
         sum_error = 0.0;
     }
+    /* A float64 row's products x * inv_rms and x * w * inv_rms stay above
+       RMS_NEAR_UNDERFLOW where its least nonzero value and weight keep them
+       there: then every block's double write rounds y once. Else its blocks
+       are written out of line, each checked, and those that went near
+       underflow written again (rms_forward_block_near_underflow). The
+       check, in every block of every row, took a tenth longer in cache.
+       The least value comes from the least square, or, where that is 0 (a
+       zero, or a value below 2^-537), from one more pass over the row. An
+       inv_rms of 0, inf or NaN leaves nothing to round. */
+    int near_underflow = 0;
+    if (xk == RMS_KIND_F64 && inv_rms.hi > 0.0 && !isinf(inv_rms.hi)) {
+        const double least = sums.least_square > 0.0 ? sqrt(sums.least_square)
+                                                      : rms_least_nonzero(xk, n, x, xs);
+        near_underflow =
+            !(least * inv_rms.hi * (w->least < 1.0 ? w->least : 1.0) >= RMS_NEAR_UNDERFLOW);
+    }
+    if (near_underflow && mode == RMS_WRITE_DOUBLE) {
+        mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
+    }
     /* a constant mode at each call, so that each write loop is its own code */
     switch (mode) {
     case RMS_WRITE_FAST16:
         return rms_forward_write(xk, wk, RMS_WRITE_FAST16, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, unsure, next);
+                                 stream, inv_rms, sum_error, 0, unsure, next);
     case RMS_WRITE_FLOAT:
         return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, unsure, next);
+                                 stream, inv_rms, sum_error, 0, unsure, next);
     case RMS_WRITE_OFFSET32:
         return rms_forward_write(xk, wk, RMS_WRITE_OFFSET32, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, unsure, next);
+                                 stream, inv_rms, sum_error, 0, unsure, next);
     case RMS_WRITE_DOUBLE_OUT_OF_LINE:
         return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, source,
-                                 w, y, ys, stream, inv_rms, sum_error, unsure, next);
+                                 w, y, ys, stream, inv_rms, sum_error, near_underflow, unsure,
+                                 next);
     default:
         return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, unsure, next);
+                                 stream, inv_rms, sum_error, 0, unsure, next);
     }
 }
 
@@ -343,7 +354,7 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
     const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
     const rms_inv_forms inv =
         rms_inv_forms_of(xk, wk, weight.lo != NULL, rms_exact_inv_rms(xk, n, x, xs, eps), 0.0,
-                         NULL, RMS_WRITE_DOUBLE_OUT_OF_LINE);
+                         0, NULL, RMS_WRITE_DOUBLE_OUT_OF_LINE);
     const int whole_row = unsure->count > RMS_UNSURE_BLOCKS;
     const ptrdiff_t blocks = whole_row ? (n + RMS_VF_WIDTH - 1) / RMS_VF_WIDTH : unsure->count;
     for (ptrdiff_t b = 0; b < blocks; b++) {
@@ -377,7 +388,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
     }
     const int with_offset = p->weight_offset != NULL;
     rms_row_weight w = {NULL, p->weight.stride, p->weight_hi, p->weight_lo, p->weight_floats,
-                        NULL};
+                        NULL, INFINITY};
     if (xk == RMS_KIND_F32 && w.floats != NULL) {
         w.floats_lo = w.floats + n; /* the rest of offset + weight follows its floats */
     }
@@ -400,12 +411,13 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         !RMS_STRIDED_ROWS ||
         (p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
          (!with_residual || (p->residual.stride == es && p->residual_out.stride == es)));
-    rms_dd sum_squares = {0.0, 0.0};
+    rms_row_sums sums = {{0.0, 0.0}, INFINITY};
+    const char *least_of = NULL; /* the weight whose least w.least is */
     if (contiguous) {
         rms_lanes lanes;
         rms_lanes_clear(&lanes);
         const rms_row_source first = rms_source_of(p, with_residual, remade, row_begin, es);
-        sum_squares = rms_reduce_row(xk, with_residual, &lanes, 0, n, &first);
+        sums = rms_reduce_row(xk, with_residual, &lanes, 0, n, &first);
     }
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
         w.data = rms_element(p->weight.data, r, p->weight.row_stride);
@@ -423,6 +435,15 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
                                            scratch.floats);
             w.floats = usable ? scratch.floats : NULL;
             w.floats_lo = xk == RMS_KIND_F32 && w.floats != NULL ? w.floats + n : NULL;
+        }
+        if (xk == RMS_KIND_F64) {
+            /* once for a weight that rows share, else for each row's */
+            const char *weight = with_offset ? (const char *)w.hi : w.data;
+            if (weight != least_of || (with_offset && !p->weight_prepared)) {
+                w.least = with_offset ? rms_least_nonzero(RMS_KIND_F64, n, weight, 8)
+                                      : rms_least_nonzero(wk, n, weight, w.stride);
+                least_of = weight;
+            }
         }
         if (RMS_STRIDED_ROWS && !contiguous) {
             const rms_row_source src = rms_source_of(p, with_residual, 0, r, 0);
@@ -456,8 +477,8 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         unit_w.stride = ws;
         rms_unsure_blocks unsure;
         unsure.count = 0;
-        sum_squares = rms_forward_row(xk, wk, with_residual, n, &src, &unit_w, eps, y, es,
-                                      p->stream_output, sum_squares, &next, &unsure);
+        sums = rms_forward_row(xk, wk, with_residual, n, &src, &unit_w, eps, y, es,
+                               p->stream_output, sums, &next, &unsure);
         if (rms_squares_are_plain(xk) && unsure.count > 0) {
             rms_forward_row_exactly(xk, wk, with_residual, p, r, es, unit_w, &unsure);
         }

@@ -68,6 +68,8 @@ typedef struct {
     const double *hi, *lo; /* with an offset; else NULL */
     const float *floats;   /* NULL where the fast write from floats is not to be used */
     const float *floats_lo; /* float32 x with an offset; else NULL */
+    double least; /* float64's: the least nonzero magnitude of the weight (of hi with an
+                     offset), +inf where there is none (rms_forward_row) */
 } rms_row_weight;
 
 /* Whether a write mode is a fast path, which may be unsure of a block and
@@ -117,16 +119,17 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
     if (mode == RMS_WRITE_DOUBLE) {
         /* a row written in double has an exact sum (rms_forward_row) */
         sure = rms_forward_block_double(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count,
-                                        inv->dd, 0.0, stream);
+                                        inv->dd, 0.0, 0, stream);
     }
     else if (mode != RMS_WRITE_FLOAT && w->lo != NULL) { /* float rows have no offset */
         sure = rms_forward_block_double_out_of_line[xk][RMS_KIND_F64](
             x, xs, (const char *)(w->hi + at), 8, w->lo + at, y, ys, count, inv->dd,
-            inv->sum_error, stream);
+            inv->sum_error, inv->near_underflow, stream);
     }
     else {
         sure = rms_forward_block_double_out_of_line[xk][wk](
-            x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd, inv->sum_error, stream);
+            x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd, inv->sum_error,
+            inv->near_underflow, stream);
     }
     if (!sure) {
         rms_unsure_blocks *unsure = inv->unsure;
@@ -224,7 +227,7 @@ RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
             rms_element(src->residual, at, src->residual_stride), src->residual_stride,
             src->remade ? NULL : rms_element_out(src->sum, at, src->sum_stride), src->sum_stride,
             block_count);
-        rms_add_block_squares(xk, 0, lanes, b, &sv, 0, 1.0);
+        rms_add_block_squares(xk, 0, lanes, b, &sv, 0, 1.0, xk == RMS_KIND_F64);
     }
 }
 
@@ -237,14 +240,24 @@ RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lane
         rms_add_residual_squares(xk, lanes, src, i, count);
     }
     else {
-        rms_add_squares(xk, 0, lanes, src->x, src->x_stride, i, count, 0, 1.0);
+        rms_add_squares(xk, 0, lanes, src->x, src->x_stride, i, count, 0, 1.0,
+                        xk == RMS_KIND_F64);
     }
 }
 
+/* What a row's reduction pass finds: its sum of squares, and, for float64
+   rows, the least of the squares (+inf for the other kinds), which says
+   whether its write may go near underflow (rms_forward_row). */
+typedef struct {
+    rms_dd squares;
+    double least_square;
+} rms_row_sums;
+
 /* The reduction pass from element done (a multiple of RMS_LANES, the part
-   already in lanes) to the row's end: its sum of squares. */
-RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lanes *lanes,
-                                        ptrdiff_t done, ptrdiff_t n, const rms_row_source *src)
+   already in lanes) to the row's end. */
+RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row(rms_kind xk, int with_residual, rms_lanes *lanes,
+                                              ptrdiff_t done, ptrdiff_t n,
+                                              const rms_row_source *src)
 {
     ptrdiff_t i = done;
     for (; i + RMS_LANES <= n; i += RMS_LANES) {
@@ -253,7 +266,11 @@ RMS_ALWAYS_INLINE rms_dd rms_reduce_row(rms_kind xk, int with_residual, rms_lane
     if (i < n) {
         rms_reduce_lanes(xk, with_residual, lanes, src, i, n - i);
     }
-    return rms_lanes_total(lanes, RMS_LANES, !rms_kind_is_float_exact(xk));
+    rms_row_sums sums;
+    sums.squares = rms_lanes_total(lanes, RMS_LANES, !rms_kind_is_float_exact(xk));
+    sums.least_square =
+        xk == RMS_KIND_F64 ? rms_vd_smallest_lane(lanes->least_square) : INFINITY;
+    return sums;
 }
 
 /* One block of a row's write pass: from the row's values as they are in
@@ -409,7 +426,7 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
 /*
  * Writes y for one row, given its inv_rms (within sum_error of the exact
  * sum's; the blocks that left undecided noted in unsure), and returns the
- * sum of squares of next, where that is a row (0 where it is not). The
+ * sums of next, where that is a row (0 where it is not). The
  * same loop runs the
  * next row's reduction pass: it is bound by arithmetic and the write by
  * loads and stores, and one loop doing both lets the core overlap them.
@@ -421,15 +438,16 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
  * left the bus idle during the reductions: the float64 forward at
  * 2048x4096 took a tenth longer.)
  */
-RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                           int with_residual, ptrdiff_t n,
-                                           const rms_row_source *row, const rms_row_weight *w,
-                                           char *y, ptrdiff_t ys, int stream, rms_dd inv_rms,
-                                           double sum_error, rms_unsure_blocks *unsure,
-                                           const rms_row_source *next)
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                                 int with_residual, ptrdiff_t n,
+                                                 const rms_row_source *row,
+                                                 const rms_row_weight *w, char *y, ptrdiff_t ys,
+                                                 int stream, rms_dd inv_rms, double sum_error,
+                                                 int near_underflow, rms_unsure_blocks *unsure,
+                                                 const rms_row_source *next)
 {
-    const rms_inv_forms inv =
-        rms_inv_forms_of(xk, wk, w->lo != NULL, inv_rms, sum_error, unsure, mode);
+    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->lo != NULL, inv_rms, sum_error,
+                                               near_underflow, unsure, mode);
     const ptrdiff_t size = rms_kind_size(xk);
     const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
     const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
@@ -449,7 +467,7 @@ RMS_ALWAYS_INLINE rms_dd rms_forward_write(rms_kind xk, rms_kind wk, rms_write_m
                                sum_streamed, &inv, next, 0, &next_lanes, &next_done);
     }
     if (next->x == NULL) {
-        rms_dd none = {0.0, 0.0};
+        const rms_row_sums none = {{0.0, 0.0}, INFINITY};
         return none;
     }
     return rms_reduce_row(xk, with_residual, &next_lanes, next_done, n, next);

@@ -7,9 +7,11 @@
 #ifndef RMSNORM_KERNELS_ROW_SUMS_H
 #define RMSNORM_KERNELS_ROW_SUMS_H
 
-/* RMS_LANES running sums, each with the error terms of a compensated sum. */
+/* RMS_LANES running sums, each with the error terms of a compensated sum;
+   and, where the sums note it, the least square summed. */
 typedef struct {
     rms_vd sum[RMS_ACCUMULATORS], comp[RMS_ACCUMULATORS];
+    rms_vd least_square;
 } rms_lanes;
 
 RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
@@ -19,6 +21,36 @@ RMS_ALWAYS_INLINE void rms_lanes_clear(rms_lanes *lanes)
         lanes->sum[k] = rms_vd_set(0.0);
         lanes->comp[k] = rms_vd_set(0.0);
     }
+    lanes->least_square = rms_vd_set(INFINITY);
+}
+
+/* The smallest lane of v, whose lanes are not NaN. */
+RMS_ALWAYS_INLINE double rms_vd_smallest_lane(rms_vd v)
+{
+    double lanes[RMS_VD_WIDTH];
+    rms_vd_store((char *)lanes, v, 0);
+    double smallest = lanes[0];
+    for (int k = 1; k < RMS_VD_WIDTH; k++) {
+        smallest = lanes[k] < smallest ? lanes[k] : smallest;
+    }
+    return smallest;
+}
+
+/* The least nonzero magnitude of n values of kind, +inf where all are 0
+   (NaNs left out). */
+RMS_ALWAYS_INLINE double rms_least_nonzero(rms_kind kind, ptrdiff_t n, const char *v,
+                                           ptrdiff_t vs)
+{
+    rms_vd least = rms_vd_set(INFINITY);
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_block block = rms_load_doubles(kind, rms_element(v, i, vs), vs, count);
+        RMS_UNROLL
+        for (int h = 0; h < RMS_VD_PER_VF; h++) {
+            least = rms_vd_least_nonzero(least, block.part[h]);
+        }
+    }
+    return rms_vd_smallest_lane(least);
 }
 
 /* s + err == a + b exactly, lane by lane: rms_two_sum a vector at a time. */
@@ -108,13 +140,21 @@ RMS_ALWAYS_INLINE int rms_squares_are_plain(rms_kind kind) { return rms_kind_is_
 
 /* Adds the squares of block b of RMS_LANES elements, times scale where
    scaled, into its lanes: compensated where the squares are not exact in
-   double, or where asked for. */
+   double, or where asked for; and notes the block's least square where
+   least says (rms_forward_row says why): 0 where a value is 0, or below
+   2^-537. One minimum a vector, of a square the sum makes anyway: the
+   least nonzero magnitude itself takes two or more operations (the float64
+   forward took a twentieth longer in cache). */
 RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, int compensated, rms_lanes *lanes, int b,
-                                             const rms_block *v, int scaled, double scale)
+                                             const rms_block *v, int scaled, double scale,
+                                             int least)
 {
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd e = scaled ? rms_vd_mul(v->part[h], rms_vd_set(scale)) : v->part[h];
+        if (least) { /* the square is the sum's own, made once: a NaN's leaves least */
+            lanes->least_square = rms_vd_min(rms_vd_mul(e, e), lanes->least_square);
+        }
         const int k = b * RMS_VD_PER_VF + h;
         /* a scaled square need not be exact */
         rms_accumulate(compensated || !rms_squares_are_plain(xk),
@@ -127,7 +167,7 @@ RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, int compensated, rms_l
    where scaled, into lanes 0 to count - 1. */
 RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, int compensated, rms_lanes *lanes,
                                        const char *x, ptrdiff_t xs, ptrdiff_t i, ptrdiff_t count,
-                                       int scaled, double scale)
+                                       int scaled, double scale, int least)
 {
     RMS_UNROLL
     for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
@@ -137,7 +177,7 @@ RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, int compensated, rms_lanes *
         }
         const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
         const rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, block_count);
-        rms_add_block_squares(xk, compensated, lanes, b, &v, scaled, scale);
+        rms_add_block_squares(xk, compensated, lanes, b, &v, scaled, scale, least);
     }
 }
 
@@ -150,10 +190,10 @@ RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, int compensated, ptrdiff_t
     rms_lanes_clear(&lanes);
     ptrdiff_t i = 0;
     for (; i + RMS_LANES <= n; i += RMS_LANES) {
-        rms_add_squares(xk, compensated, &lanes, x, xs, i, RMS_LANES, scaled, scale);
+        rms_add_squares(xk, compensated, &lanes, x, xs, i, RMS_LANES, scaled, scale, 0);
     }
     if (i < n) {
-        rms_add_squares(xk, compensated, &lanes, x, xs, i, n - i, scaled, scale);
+        rms_add_squares(xk, compensated, &lanes, x, xs, i, n - i, scaled, scale, 0);
     }
     return rms_lanes_total(&lanes, RMS_LANES, compensated || !rms_squares_are_plain(xk));
 }

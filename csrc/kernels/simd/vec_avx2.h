@@ -85,6 +85,30 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
     return _mm256_andnot_pd(infinite, value);
 }
 
+RMS_ALWAYS_INLINE rms_vd rms_vd_min(rms_vd a, rms_vd b) { return _mm256_min_pd(a, b); }
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_least_nonzero(rms_vd least, rms_vd v)
+{
+    const rms_vd zero = _mm256_setzero_pd();
+    const rms_vd magnitude = _mm256_andnot_pd(_mm256_set1_pd(-0.0), v);
+    /* zeros as +inf; min gives least where magnitude is NaN */
+    const rms_vd nonzero = _mm256_blendv_pd(_mm256_set1_pd(INFINITY), magnitude,
+                                            _mm256_cmp_pd(v, zero, _CMP_NEQ_UQ));
+    return _mm256_min_pd(nonzero, least);
+}
+
+RMS_ALWAYS_INLINE int rms_vd_any_below_where_both_nonzero(rms_vd u, rms_vd v, rms_vd bound,
+                                                          rms_vd a, rms_vd b)
+{
+    const rms_vd sign = _mm256_set1_pd(-0.0), zero = _mm256_setzero_pd();
+    /* min gives its second operand where either is NaN: v's NaN is not below */
+    const rms_vd smaller = _mm256_min_pd(_mm256_andnot_pd(sign, u), _mm256_andnot_pd(sign, v));
+    const rms_vd nonzero =
+        _mm256_and_pd(_mm256_cmp_pd(a, zero, _CMP_NEQ_UQ), _mm256_cmp_pd(b, zero, _CMP_NEQ_UQ));
+    return _mm256_movemask_pd(_mm256_and_pd(_mm256_cmp_pd(smaller, bound, _CMP_LT_OQ), nonzero)) !=
+           0;
+}
+
 /* 8 float16 or bfloat16 patterns widened to float (exact). */
 RMS_ALWAYS_INLINE rms_vf rms_vh_widen(rms_kind kind, rms_vh h)
 {

@@ -76,6 +76,27 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
     return _mm512_maskz_mov_pd(~_mm512_fpclass_pd_mask(w, 0x08 | 0x10), value);
 }
 
+RMS_ALWAYS_INLINE rms_vd rms_vd_min(rms_vd a, rms_vd b) { return _mm512_min_pd(a, b); }
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_least_nonzero(rms_vd least, rms_vd v)
+{
+    /* vrangepd 0x0a: the operand of smaller magnitude, its sign cleared;
+       only in the lanes where v is neither 0 nor NaN */
+    const __mmask8 nonzero = _mm512_cmp_pd_mask(v, _mm512_setzero_pd(), _CMP_NEQ_OQ);
+    return _mm512_mask_range_pd(least, nonzero, least, v, 0x0a);
+}
+
+RMS_ALWAYS_INLINE int rms_vd_any_below_where_both_nonzero(rms_vd u, rms_vd v, rms_vd bound,
+                                                          rms_vd a, rms_vd b)
+{
+    const rms_vd zero = _mm512_setzero_pd();
+    /* min gives its second operand where either is NaN: v's NaN is not below */
+    const __mmask8 below = _mm512_cmp_pd_mask(
+        _mm512_min_pd(_mm512_abs_pd(u), _mm512_abs_pd(v)), bound, _CMP_LT_OQ);
+    return _mm512_mask_cmp_pd_mask(_mm512_mask_cmp_pd_mask(below, a, zero, _CMP_NEQ_UQ), b, zero,
+                                   _CMP_NEQ_UQ) != 0;
+}
+
 /* 16 float16 or bfloat16 patterns widened to float (exact). A bfloat16
    pattern is the top half of its float's: one word permute puts each in
    the top half of its lane and zeroes the rest. A widening move and a

@@ -49,6 +49,14 @@
  *   rms_vf_abs(v)
  *   rms_vf_where_both_nonzero(value, a, b)  value where a and b are both
  *                               nonzero, else 0
+ *   rms_vd_min(a, b)            lane by lane, the smaller; b where either
+ *                               is NaN (as x86's min does)
+ *   rms_vd_least_nonzero(least, v)  lane by lane, the smaller of least
+ *                               and |v| where v is nonzero (and not NaN),
+ *                               else least; least is not negative
+ *   rms_vd_any_below_where_both_nonzero(u, v, bound, a, b)  whether some
+ *                               lane where a and b are both nonzero has |u|
+ *                               or |v| below bound (a NaN never is)
  *   rms_vf_equal(a, b)          whether every lane of a equals b's (a NaN
  *                               equals nothing)
  *   rms_vf_same(a, b)           whether every lane of a has b's bit pattern
@@ -155,6 +163,19 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_zero_where_inf(rms_vd value, rms_vd w)
 }
 
 RMS_ALWAYS_INLINE rms_vf rms_vf_abs(rms_vf v) { return fabsf(v); }
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_min(rms_vd a, rms_vd b) { return a < b ? a : b; }
+
+RMS_ALWAYS_INLINE rms_vd rms_vd_least_nonzero(rms_vd least, rms_vd v)
+{
+    return v != 0.0 && fabs(v) < least ? fabs(v) : least;
+}
+
+RMS_ALWAYS_INLINE int rms_vd_any_below_where_both_nonzero(rms_vd u, rms_vd v, rms_vd bound,
+                                                          rms_vd a, rms_vd b)
+{
+    return (fabs(u) < bound || fabs(v) < bound) && a != 0.0 && b != 0.0;
+}
 
 RMS_ALWAYS_INLINE rms_vf rms_vf_where_both_nonzero(rms_vf value, rms_vf a, rms_vf b)
 {
