@@ -14,7 +14,7 @@ typedef struct {
     int add_residual;
     const char *data;
     ptrdiff_t stride, left;
-} rms_grad_residual;
+} rms_grad_residual_out_row;
 
 /* One backward row's operands from the column where its write pass
    starts: what the pass reads and writes, and the same row of the rows
@@ -26,7 +26,7 @@ typedef struct {
     const char *grad_output, *x;
     char *grad_input;
     ptrdiff_t grad_output_stride, xs, grad_input_stride;
-    rms_grad_residual gr;
+    rms_grad_residual_out_row gr;
     const double *w;
     const char *w_stored;
     ptrdiff_t ws;
@@ -49,7 +49,7 @@ RMS_ALWAYS_INLINE const char *rms_backward_x_at(const rms_backward_row_operands 
     return rms_element(o->x, at, o->xs);
 }
 
-RMS_ALWAYS_INLINE const char *rms_backward_grad_residual_at(const rms_backward_row_operands *o,
+RMS_ALWAYS_INLINE const char *rms_backward_grad_residual_out_at(const rms_backward_row_operands *o,
                                                             ptrdiff_t at)
 {
     return rms_element(o->gr.data, at, o->gr.stride);
@@ -91,7 +91,7 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const rms_backward_row_op
     rms_block out, residual_v;
     if (add_residual) {
         residual_v =
-            rms_load_doubles(xk, rms_backward_grad_residual_at(o, at), o->gr.stride, count);
+            rms_load_doubles(xk, rms_backward_grad_residual_out_at(o, at), o->gr.stride, count);
     }
     /* Fused only for outputs narrower than double, which round the same
        either way: a float64 result would move by a rounding, and differ
@@ -147,7 +147,7 @@ RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk,
     const rms_vf centred = rms_vf_fma(x_hat, minus_mean_g_x_hat, g);
     const rms_vf out = o->gr.add_residual
                            ? rms_vf_fma(inv_rms, centred,
-                                        rms_load_floats(xk, rms_backward_grad_residual_at(o, at),
+                                        rms_load_floats(xk, rms_backward_grad_residual_out_at(o, at),
                                                         o->gr.stride, count))
                            : rms_vf_mul(inv_rms, centred);
     const rms_vf grad_output_x = rms_vf_mul(grad_output_v, xv); /* exact for float16 */
@@ -204,7 +204,7 @@ RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n,
         rms_block residual, out;
         if (o->gr.add_residual) {
             residual =
-                rms_load_doubles(xk, rms_backward_grad_residual_at(o, i), o->gr.stride, count);
+                rms_load_doubles(xk, rms_backward_grad_residual_out_at(o, i), o->gr.stride, count);
         }
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const rms_vd direct = rms_vd_mul(rms_vd_mul(go.part[h], wv.part[h]), r);
@@ -327,7 +327,7 @@ RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_pla
             const double go = rms_load_scalar(xk, rms_backward_grad_output_at(o, i));
             double out = go * 0.0 * w[i]; /* 0 even where go * w would overflow */
             if (o->gr.add_residual) {
-                out += rms_load_scalar(xk, rms_backward_grad_residual_at(o, i));
+                out += rms_load_scalar(xk, rms_backward_grad_residual_out_at(o, i));
             }
             rms_store_scalar(xk, rms_backward_grad_input_at(o, i), out);
         }
@@ -345,7 +345,7 @@ RMS_NOINLINE void rms_backward_extreme_write(rms_kind xk, const rms_backward_pla
                                            inv * inv * x_sig * mean,
                                            e_max == INT_MIN ? 0 : e_x + e_max + 3 * k);
         if (o->gr.add_residual) {
-            out += rms_load_scalar(xk, rms_backward_grad_residual_at(o, i));
+            out += rms_load_scalar(xk, rms_backward_grad_residual_out_at(o, i));
         }
         rms_store_scalar(xk, rms_backward_grad_input_at(o, i), out);
         o->grad_weight[i] += ldexp(go_sig * x_sig * inv, e_go + e_x + k);
@@ -506,7 +506,7 @@ RMS_ALWAYS_INLINE void rms_backward_row_write(rms_kind xk, rms_kind wk,
         }
         if (streamed && o->gr.add_residual &&
             i + RMS_GRAD_RESIDUAL_AHEAD + RMS_LANES <= o->gr.left) {
-            rms_prefetch(rms_backward_grad_residual_at(o, i + RMS_GRAD_RESIDUAL_AHEAD),
+            rms_prefetch(rms_backward_grad_residual_out_at(o, i + RMS_GRAD_RESIDUAL_AHEAD),
                          RMS_LANES * o->gr.stride);
         }
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
