@@ -90,6 +90,9 @@ leak:_PyType_AllocNoTrack
 leak:traceback_new
 # NumPy: a two-output gufunc's first __array_ufunc__ override (see above).
 leak:ufunc_generic_fastcall
+# transformers' tokenizers (Rust, pyo3): type objects made at import, kept
+# for the process's life.
+leak:tokenizers.abi3.so
 EOF
 
 # libstdc++ is preloaded with the ASan runtime so that ASan finds the real
