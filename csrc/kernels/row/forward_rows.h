@@ -42,16 +42,18 @@ RMS_NOINLINE rms_row_sums rms_forward_row_extreme(rms_kind wk, int with_residual
     return rms_reduce_row(RMS_KIND_F64, with_residual, &lanes, 0, n, next);
 }
 
-/* A remade row's sums, written before its write pass: for the rare rows
-   whose inv_rms is worked out from the values again (rms_forward_row). */
-RMS_NOINLINE void rms_write_sums(rms_kind xk, ptrdiff_t n, const rms_row_source *row)
+/* A remade row's residual_out, written before its write pass: for the
+   rare rows whose inv_rms is worked out from the values again
+   (rms_forward_row). */
+RMS_NOINLINE void rms_write_residual_out(rms_kind xk, ptrdiff_t n, const rms_row_source *row)
 {
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        (void)rms_make_sum(xk, rms_element(row->x, i, row->x_stride), row->x_stride,
-                           rms_element(row->residual, i, row->residual_stride),
-                           row->residual_stride, rms_element_out(row->sum, i, row->sum_stride),
-                           row->sum_stride, count);
+        (void)rms_make_residual_out(
+            xk, rms_element(row->x, i, row->x_stride), row->x_stride,
+            rms_element(row->residual, i, row->residual_stride), row->residual_stride,
+            rms_element_out(row->residual_out, i, row->residual_out_stride),
+            row->residual_out_stride, count);
     }
 }
 
@@ -115,8 +117,8 @@ RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
  * it, and the double path that writes the blocks they are unsure of notes
  * in unsure those where an output may round otherwise than the exact one.
  * The caller then writes those again (rms_forward_row_exactly) from an
- * exact sum of the row's values, which are still in memory: x, or the
- * sums, all written by the end of the write.
+ * exact sum of the row's values, which are still in memory: x, or
+ * residual_out, all written by the end of the write.
  * Elsewhere the sum is made exact first: where y is written over x, which
  * leaves nothing to sum again; where sum_error passes RMS_SUM_ERROR_LIMIT;
  * and where every block is written in double, for which a compensated
@@ -131,9 +133,9 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row(rms_kind xk, rms_kind wk, int wit
                                                rms_unsure_blocks *unsure)
 {
     const rms_dd sum_squares = sums.squares;
-    /* the row's values in memory: x, or the sums */
-    const char *x = with_residual ? row->sum : row->x;
-    const ptrdiff_t xs = with_residual ? row->sum_stride : row->x_stride;
+    /* the row's values in memory: x, or residual_out */
+    const char *x = with_residual ? row->residual_out : row->x;
+    const ptrdiff_t xs = with_residual ? row->residual_out_stride : row->x_stride;
     const int needs_rescale = rms_sum_needs_rescale(sum_squares.hi);
     rms_dd inv_rms = {0.0, 0.0};
     rms_write_mode mode = RMS_WRITE_DOUBLE;
@@ -156,11 +158,11 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row(rms_kind xk, rms_kind wk, int wit
     rms_row_source written;
     if (with_residual && row->remade && (needs_rescale || exact_first)) {
         /* A remade row whose inv_rms is worked out again from its values
-           (float32 only): its sums are written first, for that pass to
-           read, and its write pass reads them rather than make them again,
-           since out= may have put them over x or the residual. In double,
+           (float32 only): its residual_out is written first, for that pass to
+           read, and its write pass reads it rather than make it again,
+           since out= may have put it over x or the residual. In double,
            out of line, as such rows are rare. */
-        rms_write_sums(xk, n, row);
+        rms_write_residual_out(xk, n, row);
         written = *row;
         written.remade = 0;
         source = &written;
@@ -319,15 +321,15 @@ RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int
                           unit_stride ? unit_stride : p->x.stride, 0, 0, NULL, NULL, remade};
     if (with_residual) {
         src.residual = rms_element(p->residual.data, r, p->residual.row_stride);
-        src.sum = rms_element_out(p->residual_out.data, r, p->residual_out.row_stride);
+        src.residual_out = rms_element_out(p->residual_out.data, r, p->residual_out.row_stride);
         src.residual_stride = unit_stride ? unit_stride : p->residual.stride;
-        src.sum_stride = unit_stride ? unit_stride : p->residual_out.stride;
+        src.residual_out_stride = unit_stride ? unit_stride : p->residual_out.stride;
     }
     return src;
 }
 
 /* Writes the blocks of row r that unsure notes again, in double, from the
-   exact sum of the row's values in memory: x, or the sums, all written by
+   exact sum of the row's values in memory: x, or residual_out, all written by
    now; or the whole row, where unsure could not hold them all. For the
    rows whose plain sum left an output undecided (rms_forward_row); out of
    line, as they are rare: 11 in 4096 rows of 8192 normal float32 values,
@@ -346,8 +348,8 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
         rms_stream_fence(); /* the first write's streamed stores land first */
     }
     const rms_row_source row = rms_source_of(p, with_residual, 0, r, unit_stride);
-    const char *x = with_residual ? row.sum : row.x;
-    const ptrdiff_t xs = with_residual ? row.sum_stride : row.x_stride;
+    const char *x = with_residual ? row.residual_out : row.x;
+    const ptrdiff_t xs = with_residual ? row.residual_out_stride : row.x_stride;
     const ptrdiff_t n = p->n, ys = p->y.stride;
     char *y = rms_element_out(p->y.data, r, p->y.row_stride);
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
@@ -490,15 +492,15 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
     return 0;
 }
 
-/* Whether a row's sums x + residual are made twice: in the reduction
-   pass, for their squares, and again in the write pass, which writes them
+/* Whether a row's residual_out, x + residual, is made twice: in the reduction
+   pass, for its squares, and again in the write pass, which writes it
    beside y, streamed where y is (rms_forward_block_of_row). Where the
-   output is streamed, that spares the sums' lines a trip into the cache
+   output is streamed, that spares residual_out's lines a trip into the cache
    (a read before each is written, and a write back), for two more loads
    and an add a block: the float32 fused forward at 2048x4096 took a sixth
    less time. float64's took a tenth more, and the other kinds keep their
-   sums written once, by the reduction pass. */
-RMS_ALWAYS_INLINE int rms_remakes_sums(rms_kind xk, const rms_forward_problem *p)
+   residual_out written once, by the reduction pass. */
+RMS_ALWAYS_INLINE int rms_remakes_residual_out(rms_kind xk, const rms_forward_problem *p)
 {
     return RMS_HAVE_STREAM && xk == RMS_KIND_F32 && p->stream_output;
 }
@@ -511,7 +513,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows(rms_kind xk, rms_kind wk,
                                           ptrdiff_t row_end)
 {
     if (p->residual.data != NULL) {
-        if (rms_remakes_sums(xk, p)) {
+        if (rms_remakes_residual_out(xk, p)) {
             return rms_forward_rows_of(xk, wk, 1, 1, p, row_begin, row_end);
         }
         return rms_forward_rows_of(xk, wk, 1, 0, p, row_begin, row_end);

@@ -1,7 +1,7 @@
 /*
  * The forward's write pass over one row, block by block in the row's write
  * mode, with the next row's reduction pass in the same loop, and a
- * residual's sums made on the way. Part of the row kernels
+ * residual's residual_out made on the way. Part of the row kernels
  * (row_kernels.h).
  */
 #ifndef RMSNORM_KERNELS_ROW_FORWARD_WRITE_H
@@ -143,8 +143,8 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
 
 /*
  * A row's values as its reduction pass makes them: x itself, or, with a
- * residual, x + residual, written to sum as the pass goes, or, where
- * remade, by the write pass (rms_remakes_sums). x is NULL for no row, the
+ * residual, residual_out = x + residual, written as the pass goes, or, where
+ * remade, by the write pass (rms_remakes_residual_out). x is NULL for no row, the
  * last row's next, with the strides kept as they are: a NULL pointer to
  * the struct instead, or strides that differ, would cost the compiler
  * their constancy. ahead_x and ahead_residual are the row after this one,
@@ -153,20 +153,20 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
 typedef struct {
     const char *x;
     const char *residual; /* with_residual only */
-    char *sum;
-    ptrdiff_t x_stride, residual_stride, sum_stride;
+    char *residual_out;
+    ptrdiff_t x_stride, residual_stride, residual_out_stride;
     const char *ahead_x, *ahead_residual;
     int remade;
 } rms_row_source;
 
-/* sum = x + residual for one block, rounded once to x's kind as NumPy's
-   and torch's own add round it; written to sum unless that is NULL, and
-   returned as doubles. 16-bit kinds add in float: the float sum is exact
+/* residual_out = x + residual for one block, rounded once to x's kind as
+   NumPy's and torch's own add round it; written to out unless that is
+   NULL, and returned as doubles. 16-bit kinds add in float: the float sum is exact
    unless one addend is below 2^-13 of the other, too small to move the sum
    to a 16-bit midpoint, so its rounding to 16 bits is the exact sum's. */
-RMS_ALWAYS_INLINE rms_block rms_make_sum(rms_kind xk, const char *x, ptrdiff_t xs, const char *r,
-                                         ptrdiff_t rs, char *sum, ptrdiff_t sum_stride,
-                                         ptrdiff_t count)
+RMS_ALWAYS_INLINE rms_block rms_make_residual_out(rms_kind xk, const char *x, ptrdiff_t xs,
+                                                  const char *r, ptrdiff_t rs, char *out,
+                                                  ptrdiff_t out_stride, ptrdiff_t count)
 {
     rms_block sv;
     if (xk == RMS_KIND_F64) {
@@ -176,8 +176,8 @@ RMS_ALWAYS_INLINE rms_block rms_make_sum(rms_kind xk, const char *x, ptrdiff_t x
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             sv.part[h] = rms_vd_add(xv.part[h], rv.part[h]);
         }
-        if (sum != NULL) {
-            rms_store_doubles(sum, sum_stride, count, &sv, 0);
+        if (out != NULL) {
+            rms_store_doubles(out, out_stride, count, &sv, 0);
         }
         return sv;
     }
@@ -185,14 +185,14 @@ RMS_ALWAYS_INLINE rms_block rms_make_sum(rms_kind xk, const char *x, ptrdiff_t x
     rms_vf rounded = rms_vf_add(rms_load_floats(xk, x, xs, count),
                                 rms_load_floats(xk, r, rs, count));
     if (xk == RMS_KIND_F32) {
-        if (sum != NULL) {
-            rms_store_floats(xk, sum, sum_stride, count, rounded, 0);
+        if (out != NULL) {
+            rms_store_floats(xk, out, out_stride, count, rounded, 0);
         }
     }
     else {
         const rms_vh narrowed = rms_vf_narrow16(xk, rounded);
-        if (sum != NULL) {
-            rms_store_halves(sum, sum_stride, count, narrowed, 0);
+        if (out != NULL) {
+            rms_store_halves(out, out_stride, count, narrowed, 0);
         }
         rounded = rms_vh_widen(xk, narrowed);
     }
@@ -204,10 +204,10 @@ RMS_ALWAYS_INLINE rms_block rms_make_sum(rms_kind xk, const char *x, ptrdiff_t x
 }
 
 /* The reduction pass over [i, i + count), count <= RMS_LANES, of a row
-   with a residual: its sums, written to src->sum unless the write pass
+   with a residual: its residual_out, written unless the write pass
    writes them (src->remade), and their squares into lanes. The squares are
-   taken from the registers that hold the sums, not read back from
-   src->sum: a load right after a store of another width waits for the
+   taken from the registers that hold residual_out, not read back from
+   src->residual_out: a load right after a store of another width waits for the
    store to reach the cache (the fused float32 forward took three times as
    long as the plain one on an AMD Zen 5). */
 RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
@@ -222,17 +222,19 @@ RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
         }
         const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
         const ptrdiff_t at = i + offset;
-        const rms_block sv = rms_make_sum(
+        const rms_block sv = rms_make_residual_out(
             xk, rms_element(src->x, at, src->x_stride), src->x_stride,
             rms_element(src->residual, at, src->residual_stride), src->residual_stride,
-            src->remade ? NULL : rms_element_out(src->sum, at, src->sum_stride), src->sum_stride,
-            block_count);
+            src->remade ? NULL
+                        : rms_element_out(src->residual_out, at, src->residual_out_stride),
+            src->residual_out_stride, block_count);
         rms_add_block_squares(xk, 0, lanes, b, &sv, 0, 1.0, xk == RMS_KIND_F64);
     }
 }
 
 /* The reduction pass over [i, i + count), count <= RMS_LANES: the squares
-   of the row's values into lanes, making them first where they are a sum. */
+   of the row's values into lanes, making them first where they are
+   residual_out. */
 RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lanes *lanes,
                                         const rms_row_source *src, ptrdiff_t i, ptrdiff_t count)
 {
@@ -274,37 +276,37 @@ RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row(rms_kind xk, int with_residual, rm
 }
 
 /* One block of a row's write pass: from the row's values as they are in
-   memory, or, where the write pass makes the sums (row->remade), from the
-   block's sums, made again and written to row->sum (streamed where
-   sum_stream says). rms_forward_block reads its values through a pointer:
+   memory, or, where the write pass makes residual_out (row->remade), from
+   the block's residual_out, made again and written (streamed where
+   residual_out_stream says). rms_forward_block reads its values through a pointer:
    here, a block on the stack, whose store and load stay in L1. */
 RMS_ALWAYS_INLINE int rms_forward_block_of_row(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                                int with_residual, const rms_row_source *row,
                                                const rms_row_weight *w, ptrdiff_t at, char *y,
                                                ptrdiff_t ys, ptrdiff_t count,
                                                const rms_inv_forms *inv, int stream,
-                                               int sum_stream, int defer)
+                                               int residual_out_stream, int defer)
 {
     if (with_residual && row->remade) {
         const ptrdiff_t size = rms_kind_size(xk);
         _Alignas(RMS_VECTOR_BYTES) char made[RMS_VF_WIDTH * 8];
-        (void)rms_make_sum(xk, rms_element(row->x, at, row->x_stride), row->x_stride,
+        (void)rms_make_residual_out(xk, rms_element(row->x, at, row->x_stride), row->x_stride,
                            rms_element(row->residual, at, row->residual_stride),
                            row->residual_stride, made, size, count);
-        char *sum = rms_element_out(row->sum, at, row->sum_stride);
+        char *out = rms_element_out(row->residual_out, at, row->residual_out_stride);
         if (xk == RMS_KIND_F64) {
             const rms_block h = rms_load_doubles(xk, made, size, count);
-            rms_store_doubles(sum, row->sum_stride, count, &h, sum_stream);
+            rms_store_doubles(out, row->residual_out_stride, count, &h, residual_out_stream);
         }
         else {
-            rms_store_floats(xk, sum, row->sum_stride, count,
-                             rms_load_floats(xk, made, size, count), sum_stream);
+            rms_store_floats(xk, out, row->residual_out_stride, count,
+                             rms_load_floats(xk, made, size, count), residual_out_stream);
         }
         return rms_forward_block(xk, wk, mode, made, size, w, at, rms_element_out(y, at, ys), ys,
                                  count, inv, stream, defer);
     }
-    const char *values = with_residual ? row->sum : row->x;
-    const ptrdiff_t vs = with_residual ? row->sum_stride : row->x_stride;
+    const char *values = with_residual ? row->residual_out : row->x;
+    const ptrdiff_t vs = with_residual ? row->residual_out_stride : row->x_stride;
     return rms_forward_block(xk, wk, mode, rms_element(values, at, vs), vs, w, at,
                              rms_element_out(y, at, ys), ys, count, inv, stream, defer);
 }
@@ -321,7 +323,7 @@ typedef struct {
 } rms_deferred;
 
 /* Writes the deferred blocks in double, from the row's values in memory:
-   x, or the sums, which the write pass has written where it makes them
+   x, or residual_out, which the write pass has written where it makes it
    (so they are read, not made again: a copy of the row not remade). Their
    y is unwritten, so in place, x is still there. */
 RMS_ALWAYS_INLINE void rms_write_deferred(rms_kind xk, rms_kind wk, int with_residual,
@@ -345,7 +347,7 @@ RMS_ALWAYS_INLINE void rms_write_deferred(rms_kind xk, rms_kind wk, int with_res
 RMS_ALWAYS_INLINE ptrdiff_t rms_forward_write_steps(
     rms_kind xk, rms_kind wk, rms_write_mode mode, int with_residual, ptrdiff_t n,
     const rms_row_source *row, const rms_row_weight *w, char *y, ptrdiff_t ys, ptrdiff_t i,
-    int streamed, int sum_streamed, const rms_inv_forms *inv, const rms_row_source *next,
+    int streamed, int residual_out_streamed, const rms_inv_forms *inv, const rms_row_source *next,
     int reduce, rms_lanes *next_lanes, ptrdiff_t *next_done, rms_deferred *deferred, int limit)
 {
     for (; i + RMS_LANES <= n && deferred->count <= limit; i += RMS_LANES) {
@@ -372,7 +374,7 @@ RMS_ALWAYS_INLINE ptrdiff_t rms_forward_write_steps(
         for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
             const ptrdiff_t at = i + b;
             if (!rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, at, y, ys,
-                                          RMS_VF_WIDTH, inv, streamed, sum_streamed,
+                                          RMS_VF_WIDTH, inv, streamed, residual_out_streamed,
                                           rms_mode_may_defer(mode))) {
                 deferred->at[deferred->count++] = at;
             }
@@ -396,7 +398,7 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
                                               const rms_row_source *row,
                                               const rms_row_weight *w, char *y,
                                               ptrdiff_t ys, ptrdiff_t head, int streamed,
-                                              int sum_streamed,
+                                              int residual_out_streamed,
                                               const rms_inv_forms *inv, const rms_row_source *next,
                                               int reduce, rms_lanes *next_lanes,
                                               ptrdiff_t *next_done)
@@ -412,7 +414,7 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
     const int limit = streamed ? 0 : RMS_DEFERRED_BLOCKS - RMS_LANES / RMS_VF_WIDTH;
     for (i = head; i + RMS_LANES <= n;) {
         i = rms_forward_write_steps(xk, wk, mode, with_residual, n, row, w, y, ys, i, streamed,
-                                    sum_streamed, inv, next, reduce, next_lanes, next_done,
+                                    residual_out_streamed, inv, next, reduce, next_lanes, next_done,
                                     &deferred, limit);
         rms_write_deferred(xk, wk, with_residual, row, w, y, ys, inv, streamed, &deferred);
     }
@@ -451,20 +453,20 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(rms_kind xk, rms_kind wk, rms_w
     const ptrdiff_t size = rms_kind_size(xk);
     const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
     const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
-    const int sum_streamed =
+    const int residual_out_streamed =
         with_residual && row->remade &&
-        rms_can_stream(stream, rms_element_out(row->sum, head, row->sum_stride), row->sum_stride,
-                       size);
+        rms_can_stream(stream, rms_element_out(row->residual_out, head, row->residual_out_stride),
+                       row->residual_out_stride, size);
     rms_lanes next_lanes;
     rms_lanes_clear(&next_lanes);
     ptrdiff_t next_done = 0;
     if (next->x != NULL && (!streamed || next->ahead_x != NULL)) {
         rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
-                               sum_streamed, &inv, next, 1, &next_lanes, &next_done);
+                               residual_out_streamed, &inv, next, 1, &next_lanes, &next_done);
     }
     else {
         rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
-                               sum_streamed, &inv, next, 0, &next_lanes, &next_done);
+                               residual_out_streamed, &inv, next, 0, &next_lanes, &next_done);
     }
     if (next->x == NULL) {
         const rms_row_sums none = {{0.0, 0.0}, INFINITY};
