@@ -109,22 +109,120 @@ RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
     return w->lo != NULL || isinf(inv_rms.hi) ? RMS_WRITE_DOUBLE_OUT_OF_LINE : RMS_WRITE_DOUBLE;
 }
 
+/* How a row is written: its inv_rms, within sum_error of the one from
+   the exact sum, and its write mode. */
+typedef struct {
+    rms_dd inv_rms;
+    rms_write_mode mode;
+    double sum_error;
+} rms_row_plan;
+
 /*
- * One row of the forward: inv_rms from its sum of squares, then the write.
- *
- * A plain sum (rms_squares_are_plain) is within rms_sum_error of exact.
- * The fast writes take that into account: they widen their brackets by
- * it, and the double path that writes the blocks they are unsure of notes
- * in unsure those where an output may round otherwise than the exact one.
+ * A row's plan from its sum of squares, where that needs no rescale. A
+ * plain sum (rms_squares_are_plain) is within rms_sum_error of exact. The
+ * fast writes take that into account: they widen their brackets by it,
+ * and the double path that writes the blocks they are unsure of notes in
+ * unsure those where an output may round otherwise than the exact one.
  * The caller then writes those again (rms_forward_row_exactly) from an
  * exact sum of the row's values, which are still in memory: x, or
- * residual_out, all written by the end of the write.
- * Elsewhere the sum is made exact first: where y is written over x, which
+ * residual_out, all written by the end of the write. Elsewhere the sum is
+ * made exact first (*exact_first): where y is written over x, which
  * leaves nothing to sum again; where sum_error passes RMS_SUM_ERROR_LIMIT;
  * and where every block is written in double, for which a compensated
  * pass costs less than checking every block (the portable float32 forward
  * took twice as long).
  */
+RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int with_residual,
+                                               ptrdiff_t n, const char *x, ptrdiff_t xs,
+                                               const rms_row_weight *w, double eps,
+                                               rms_dd sum_squares, const char *y, ptrdiff_t ys,
+                                               int *exact_first)
+{
+    rms_row_plan plan;
+    plan.inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+    plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
+    plan.sum_error = 0.0;
+    *exact_first = 0;
+    if (rms_squares_are_plain(xk)) {
+        plan.sum_error = rms_sum_error(n, sum_squares.hi, eps);
+        *exact_first = plan.sum_error > RMS_SUM_ERROR_LIMIT || !rms_mode_is_fast(plan.mode) ||
+                       (!with_residual && rms_rows_overlap(x, xs, y, ys, n, rms_kind_size(xk)));
+    }
+    return plan;
+}
+
+/* A float64 row's products x * inv_rms and x * w * inv_rms stay above
+   RMS_NEAR_UNDERFLOW where its least nonzero value and weight keep them
+   there: then every block's double write rounds y once. Else its blocks
+   are written out of line, each checked, and those that went near
+   underflow written again (rms_forward_block_near_underflow). The check,
+   in every block of every row, took a tenth longer in cache. The least
+   value comes from the least square, or, where that is 0 (a zero, or a
+   value below 2^-537), from one more pass over the row. An inv_rms of 0,
+   inf or NaN leaves nothing to round. */
+RMS_ALWAYS_INLINE int rms_row_may_go_near_underflow(rms_kind xk, ptrdiff_t n, const char *x,
+                                                    ptrdiff_t xs, const rms_row_weight *w,
+                                                    double least_square, double inv_rms)
+{
+    if (xk != RMS_KIND_F64 || !(inv_rms > 0.0) || isinf(inv_rms)) {
+        return 0;
+    }
+    const double least = least_square > 0.0 ? sqrt(least_square) : rms_least_nonzero(xk, n, x, xs);
+    return !(least * inv_rms * (w->least < 1.0 ? w->least : 1.0) >= RMS_NEAR_UNDERFLOW);
+}
+
+/* rms_forward_write in the plan's mode: a constant at each call, so that
+   each write loop is its own code. */
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_write_planned(
+    rms_kind xk, rms_kind wk, int with_residual, ptrdiff_t n, const rms_row_source *row,
+    const rms_row_weight *w, char *y, ptrdiff_t ys, int stream, rms_row_plan plan,
+    int near_underflow, rms_unsure_blocks *unsure, const rms_row_source *next)
+{
+    /* only the out-of-line double write checks for underflow */
+#define RMS_WRITE_IN(mode)                                                                       \
+    rms_forward_write(xk, wk, mode, with_residual, n, row, w, y, ys, stream, plan.inv_rms,        \
+                      plan.sum_error, mode == RMS_WRITE_DOUBLE_OUT_OF_LINE && near_underflow,     \
+                      unsure, next)
+    switch (plan.mode) {
+    case RMS_WRITE_FAST16:
+        return RMS_WRITE_IN(RMS_WRITE_FAST16);
+    case RMS_WRITE_FLOAT:
+        return RMS_WRITE_IN(RMS_WRITE_FLOAT);
+    case RMS_WRITE_OFFSET32:
+        return RMS_WRITE_IN(RMS_WRITE_OFFSET32);
+    case RMS_WRITE_DOUBLE_OUT_OF_LINE:
+        return RMS_WRITE_IN(RMS_WRITE_DOUBLE_OUT_OF_LINE);
+    default:
+        return RMS_WRITE_IN(RMS_WRITE_DOUBLE);
+    }
+#undef RMS_WRITE_IN
+}
+
+/* A remade row (float32 only: rms_remakes_residual_out) whose inv_rms is
+   worked out again from its values: its residual_out is written first, for
+   that to read, and its write pass reads it rather than make it again,
+   since out= may have put it over x or the residual. In double, out of
+   line, as such rows are rare. */
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_remade_row_in_double(
+    rms_kind xk, rms_kind wk, ptrdiff_t n, const rms_row_source *row, const rms_row_weight *w,
+    double eps, char *y, ptrdiff_t ys, int stream, rms_dd sum_squares,
+    rms_unsure_blocks *unsure, const rms_row_source *next)
+{
+    rms_write_residual_out(xk, n, row);
+    rms_row_source written = *row;
+    written.remade = 0;
+    const char *x = written.residual_out;
+    const ptrdiff_t xs = written.residual_out_stride;
+    const rms_dd inv_rms =
+        rms_sum_needs_rescale(sum_squares.hi)
+            ? rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares))
+            : rms_exact_inv_rms(xk, n, x, xs, eps);
+    return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, 1, n, &written, w, y, ys,
+                             stream, inv_rms, 0.0, 0, unsure, next);
+}
+
+/* One row of the forward: inv_rms from its sum of squares (rms_row_plan_of
+   says how exact), then the write. */
 RMS_ALWAYS_INLINE rms_row_sums rms_forward_row(rms_kind xk, rms_kind wk, int with_residual,
                                                ptrdiff_t n, const rms_row_source *row,
                                                const rms_row_weight *w, double eps, char *y,
@@ -132,98 +230,44 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row(rms_kind xk, rms_kind wk, int wit
                                                const rms_row_source *next,
                                                rms_unsure_blocks *unsure)
 {
-    const rms_dd sum_squares = sums.squares;
     /* the row's values in memory: x, or residual_out */
     const char *x = with_residual ? row->residual_out : row->x;
     const ptrdiff_t xs = with_residual ? row->residual_out_stride : row->x_stride;
-    const int needs_rescale = rms_sum_needs_rescale(sum_squares.hi);
-    rms_dd inv_rms = {0.0, 0.0};
-    rms_write_mode mode = RMS_WRITE_DOUBLE;
-    double sum_error = 0.0;
-    int exact_first = 0; /* whether the plain sum is made exact before the write */
+    const int needs_rescale = rms_sum_needs_rescale(sums.squares.hi);
     /* rows of a plain kind that need a rescale have an infinity or a NaN,
        or are 0: no output of theirs is rounded, and their sum's error is
        left at 0 */
+    rms_row_plan plan = {{0.0, 0.0}, RMS_WRITE_DOUBLE, 0.0};
+    int exact_first = 0;
     if (!needs_rescale) {
-        inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
-        mode = rms_write_mode_of(xk, wk, w, inv_rms);
-        if (rms_squares_are_plain(xk)) {
-            sum_error = rms_sum_error(n, sum_squares.hi, eps);
-            exact_first =
-                sum_error > RMS_SUM_ERROR_LIMIT || !rms_mode_is_fast(mode) ||
-                (!with_residual && rms_rows_overlap(x, xs, y, ys, n, rms_kind_size(xk)));
-        }
+        plan = rms_row_plan_of(xk, wk, with_residual, n, x, xs, w, eps, sums.squares, y, ys,
+                               &exact_first);
     }
-    const rms_row_source *source = row;
-    rms_row_source written;
     if (with_residual && row->remade && (needs_rescale || exact_first)) {
-        /* A remade row whose inv_rms is worked out again from its values
-           (float32 only): its residual_out is written first, for that pass to
-           read, and its write pass reads it rather than make it again,
-           since out= may have put it over x or the residual. In double,
-           out of line, as such rows are rare. */
-        rms_write_residual_out(xk, n, row);
-        written = *row;
-        written.remade = 0;
-        source = &written;
-        inv_rms = needs_rescale
-                      ? rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares))
-                      : rms_exact_inv_rms(xk, n, x, xs, eps);
-        mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
-        sum_error = 0.0;
+        return rms_forward_remade_row_in_double(xk, wk, n, row, w, eps, y, ys, stream,
+                                                sums.squares, unsure, next);
     }
-    else if (needs_rescale) {
-        const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares);
+    if (needs_rescale) {
+        const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sums.squares);
         if (xk == RMS_KIND_F64 && !rms_scaled_inv_in_range(scaled)) {
             return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys,
                                            rms_scaled_inv_normalised(scaled), next);
         }
-        inv_rms = rms_scaled_inv_value(scaled);
-        mode = rms_write_mode_of(xk, wk, w, inv_rms);
+        plan.inv_rms = rms_scaled_inv_value(scaled);
+        plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
     }
     else if (exact_first) {
-        inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
-        mode = rms_write_mode_of(xk, wk, w, inv_rms);
-        sum_error = 0.0;
+        plan.inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
+        plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
+        plan.sum_error = 0.0;
     }
-    /* A float64 row's products x * inv_rms and x * w * inv_rms stay above
-       RMS_NEAR_UNDERFLOW where its least nonzero value and weight keep them
-       there: then every block's double write rounds y once. Else its blocks
-       are written out of line, each checked, and those that went near
-       underflow written again (rms_forward_block_near_underflow). The
-       check, in every block of every row, took a tenth longer in cache.
-       The least value comes from the least square, or, where that is 0 (a
-       zero, or a value below 2^-537), from one more pass over the row. An
-       inv_rms of 0, inf or NaN leaves nothing to round. */
-    int near_underflow = 0;
-    if (xk == RMS_KIND_F64 && inv_rms.hi > 0.0 && !isinf(inv_rms.hi)) {
-        const double least = sums.least_square > 0.0 ? sqrt(sums.least_square)
-                                                      : rms_least_nonzero(xk, n, x, xs);
-        near_underflow =
-            !(least * inv_rms.hi * (w->least < 1.0 ? w->least : 1.0) >= RMS_NEAR_UNDERFLOW);
+    const int near_underflow =
+        rms_row_may_go_near_underflow(xk, n, x, xs, w, sums.least_square, plan.inv_rms.hi);
+    if (near_underflow && plan.mode == RMS_WRITE_DOUBLE) {
+        plan.mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
     }
-    if (near_underflow && mode == RMS_WRITE_DOUBLE) {
-        mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
-    }
-    /* a constant mode at each call, so that each write loop is its own code */
-    switch (mode) {
-    case RMS_WRITE_FAST16:
-        return rms_forward_write(xk, wk, RMS_WRITE_FAST16, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, 0, unsure, next);
-    case RMS_WRITE_FLOAT:
-        return rms_forward_write(xk, wk, RMS_WRITE_FLOAT, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, 0, unsure, next);
-    case RMS_WRITE_OFFSET32:
-        return rms_forward_write(xk, wk, RMS_WRITE_OFFSET32, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, 0, unsure, next);
-    case RMS_WRITE_DOUBLE_OUT_OF_LINE:
-        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, n, source,
-                                 w, y, ys, stream, inv_rms, sum_error, near_underflow, unsure,
-                                 next);
-    default:
-        return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE, with_residual, n, row, w, y, ys,
-                                 stream, inv_rms, sum_error, 0, unsure, next);
-    }
+    return rms_forward_write_planned(xk, wk, with_residual, n, row, w, y, ys, stream, plan,
+                                     near_underflow, unsure, next);
 }
 
 /* The weight as floats, for the fast 16-bit write. */
@@ -367,6 +411,107 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
     }
 }
 
+/* Row r's weight, where rows have weights or offsets of their own: its
+   offset + weight, and floats where the fast writes may take them, made
+   into scratch (rms_prepare_forward_weight). */
+RMS_ALWAYS_INLINE void rms_prepare_row_weight(rms_kind xk, rms_kind wk,
+                                              const rms_forward_problem *p, ptrdiff_t r,
+                                              const rms_forward_weight_scratch *scratch,
+                                              rms_row_weight *w)
+{
+    const int with_offset = p->weight_offset != NULL;
+    double offset = 0.0;
+    if (with_offset) {
+        const char *at = rms_element(p->weight_offset, r, p->weight_offset_stride);
+        offset = rms_load_scalar(RMS_KIND_F64, at);
+    }
+    const int usable = rms_prepare_forward_weight(xk, wk, p->n, w->data, w->stride,
+                                                  with_offset ? &offset : NULL, scratch->hi,
+                                                  scratch->lo, scratch->floats);
+    w->floats = usable ? scratch->floats : NULL;
+    w->floats_lo = xk == RMS_KIND_F32 && w->floats != NULL ? w->floats + p->n : NULL;
+}
+
+/* float64's w->least (rms_row_may_go_near_underflow): once for a weight
+   that rows share, else for each row's; *least_of is the weight it was
+   found for. */
+RMS_ALWAYS_INLINE void rms_find_least_weight(rms_kind wk, const rms_forward_problem *p,
+                                             rms_row_weight *w, const char **least_of)
+{
+    const int with_offset = p->weight_offset != NULL;
+    const char *weight = with_offset ? (const char *)w->hi : w->data;
+    if (weight != *least_of || (with_offset && !p->weight_prepared)) {
+        w->least = with_offset ? rms_least_nonzero(RMS_KIND_F64, p->n, weight, 8)
+                               : rms_least_nonzero(wk, p->n, weight, w->stride);
+        *least_of = weight;
+    }
+}
+
+/* Row r of a table that takes strided rows (RMS_STRIDED_ROWS), with
+   strides that are not its elements' sizes: reduced, then written, with
+   no other row's reduction in its write. */
+RMS_ALWAYS_INLINE void rms_forward_strided_row(rms_kind xk, rms_kind wk, int with_residual,
+                                               const rms_forward_problem *p, ptrdiff_t r,
+                                               const rms_row_weight *w, double eps, char *y)
+{
+    const rms_row_source src = rms_source_of(p, with_residual, 0, r, 0);
+    rms_row_source none = src;
+    none.x = NULL;
+    rms_lanes lanes;
+    rms_lanes_clear(&lanes);
+    rms_unsure_blocks unsure;
+    unsure.count = 0;
+    rms_forward_row(xk, wk, with_residual, p->n, &src, w, eps, y, p->y.stride, 0,
+                    rms_reduce_row(xk, with_residual, &lanes, 0, p->n, &src), &none, &unsure);
+    if (rms_squares_are_plain(xk) && unsure.count > 0) {
+        rms_forward_row_exactly(xk, wk, with_residual, p, r, 0, *w, &unsure);
+    }
+}
+
+/* Row r of contiguous rows, whose sums of squares are in sums: written,
+   with the next row's reduction in its write, whose sums it returns. The
+   strides are the elements' sizes, constants: each block is one vector
+   load or store. */
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_contiguous_row(
+    rms_kind xk, rms_kind wk, int with_residual, int remade, const rms_forward_problem *p,
+    ptrdiff_t r, ptrdiff_t row_end, const rms_row_weight *w, double eps, char *y,
+    rms_row_sums sums)
+{
+    const ptrdiff_t es = rms_kind_size(xk);
+    const rms_row_source src = rms_source_of(p, with_residual, remade, r, es);
+    rms_row_source next =
+        rms_source_of(p, with_residual, remade, r + 1 < row_end ? r + 1 : r, es);
+    if (r + 1 == row_end) {
+        next.x = NULL;
+    }
+    if (p->stream_output && r + 2 < row_end) {
+        const rms_row_source after_next = rms_source_of(p, with_residual, remade, r + 2, es);
+        next.ahead_x = after_next.x;
+        next.ahead_residual = after_next.residual;
+    }
+    rms_row_weight unit_w = *w;
+    unit_w.stride = rms_kind_size(wk);
+    rms_unsure_blocks unsure;
+    unsure.count = 0;
+    sums = rms_forward_row(xk, wk, with_residual, p->n, &src, &unit_w, eps, y, es,
+                           p->stream_output, sums, &next, &unsure);
+    if (rms_squares_are_plain(xk) && unsure.count > 0) {
+        rms_forward_row_exactly(xk, wk, with_residual, p, r, es, unit_w, &unsure);
+    }
+    return sums;
+}
+
+/* Whether the rows' strides are their elements' sizes: always (kernels.h),
+   but where this table serves strided rows too. */
+RMS_ALWAYS_INLINE int rms_rows_are_contiguous(rms_kind xk, rms_kind wk, int with_residual,
+                                              const rms_forward_problem *p)
+{
+    const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
+    return !RMS_STRIDED_ROWS ||
+           (p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
+            (!with_residual || (p->residual.stride == es && p->residual_out.stride == es)));
+}
+
 /*
  * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
  * weight as floats, and with an offset the write takes offset + weight as
@@ -375,14 +520,10 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
  * row's are made here. Where the floats' memory cannot be had, rows go in
  * double; returns 0, or, where an offset's 2n doubles cannot be had, the
  * bytes asked for, having written nothing.
- * Contiguous rows get the strides as constants, which lets each block be
- * one vector load or store, and the next row's reduction pass rides in the
- * current row's write.
  */
 RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
                                              int remade, const rms_forward_problem *p,
-                                             ptrdiff_t row_begin,
-                                             ptrdiff_t row_end)
+                                             ptrdiff_t row_begin, ptrdiff_t row_end)
 {
     const ptrdiff_t n = p->n;
     if (n <= 0 || row_begin >= row_end) {
@@ -404,85 +545,33 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         w.hi = scratch.hi;
         w.lo = scratch.lo;
     }
-
-    const ptrdiff_t es = rms_kind_size(xk), ws = rms_kind_size(wk);
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
-    /* rows are contiguous (kernels.h), but where this table serves
-       strided ones too */
-    const int contiguous =
-        !RMS_STRIDED_ROWS ||
-        (p->x.stride == es && p->y.stride == es && p->weight.stride == ws &&
-         (!with_residual || (p->residual.stride == es && p->residual_out.stride == es)));
+    const int contiguous = rms_rows_are_contiguous(xk, wk, with_residual, p);
     rms_row_sums sums = {{0.0, 0.0}, INFINITY};
-    const char *least_of = NULL; /* the weight whose least w.least is */
     if (contiguous) {
         rms_lanes lanes;
         rms_lanes_clear(&lanes);
-        const rms_row_source first = rms_source_of(p, with_residual, remade, row_begin, es);
+        const rms_row_source first =
+            rms_source_of(p, with_residual, remade, row_begin, rms_kind_size(xk));
         sums = rms_reduce_row(xk, with_residual, &lanes, 0, n, &first);
     }
+    const char *least_of = NULL;
     for (ptrdiff_t r = row_begin; r < row_end; r++) {
         w.data = rms_element(p->weight.data, r, p->weight.row_stride);
         char *y = rms_element_out(p->y.data, r, p->y.row_stride);
         const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
-        if (!p->weight_prepared) { /* rows with weights or offsets of their own */
-            double offset = 0.0;
-            if (with_offset) {
-                offset = rms_load_scalar(RMS_KIND_F64,
-                                         rms_element(p->weight_offset, r, p->weight_offset_stride));
-            }
-            const int usable =
-                rms_prepare_forward_weight(xk, wk, n, w.data, w.stride,
-                                           with_offset ? &offset : NULL, scratch.hi, scratch.lo,
-                                           scratch.floats);
-            w.floats = usable ? scratch.floats : NULL;
-            w.floats_lo = xk == RMS_KIND_F32 && w.floats != NULL ? w.floats + n : NULL;
+        if (!p->weight_prepared) {
+            rms_prepare_row_weight(xk, wk, p, r, &scratch, &w);
         }
         if (xk == RMS_KIND_F64) {
-            /* once for a weight that rows share, else for each row's */
-            const char *weight = with_offset ? (const char *)w.hi : w.data;
-            if (weight != least_of || (with_offset && !p->weight_prepared)) {
-                w.least = with_offset ? rms_least_nonzero(RMS_KIND_F64, n, weight, 8)
-                                      : rms_least_nonzero(wk, n, weight, w.stride);
-                least_of = weight;
-            }
+            rms_find_least_weight(wk, p, &w, &least_of);
         }
         if (RMS_STRIDED_ROWS && !contiguous) {
-            const rms_row_source src = rms_source_of(p, with_residual, 0, r, 0);
-            rms_row_source none = src;
-            none.x = NULL;
-            rms_lanes lanes;
-            rms_lanes_clear(&lanes);
-            rms_unsure_blocks unsure;
-            unsure.count = 0;
-            rms_forward_row(xk, wk, with_residual, n, &src, &w, eps, y, p->y.stride, 0,
-                            rms_reduce_row(xk, with_residual, &lanes, 0, n, &src), &none,
-                            &unsure);
-            if (rms_squares_are_plain(xk) && unsure.count > 0) {
-                rms_forward_row_exactly(xk, wk, with_residual, p, r, 0, w, &unsure);
-            }
-            continue;
+            rms_forward_strided_row(xk, wk, with_residual, p, r, &w, eps, y);
         }
-        const rms_row_source src = rms_source_of(p, with_residual, remade, r, es);
-        /* strides as they are, but constants: each block one vector load */
-        rms_row_source next =
-            rms_source_of(p, with_residual, remade, r + 1 < row_end ? r + 1 : r, es);
-        if (r + 1 == row_end) {
-            next.x = NULL;
-        }
-        if (p->stream_output && r + 2 < row_end) {
-            const rms_row_source after_next = rms_source_of(p, with_residual, remade, r + 2, es);
-            next.ahead_x = after_next.x;
-            next.ahead_residual = after_next.residual;
-        }
-        rms_row_weight unit_w = w;
-        unit_w.stride = ws;
-        rms_unsure_blocks unsure;
-        unsure.count = 0;
-        sums = rms_forward_row(xk, wk, with_residual, n, &src, &unit_w, eps, y, es,
-                               p->stream_output, sums, &next, &unsure);
-        if (rms_squares_are_plain(xk) && unsure.count > 0) {
-            rms_forward_row_exactly(xk, wk, with_residual, p, r, es, unit_w, &unsure);
+        else {
+            sums = rms_forward_contiguous_row(xk, wk, with_residual, remade, p, r, row_end, &w,
+                                              eps, y, sums);
         }
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
