@@ -317,6 +317,22 @@ RMS_NOINLINE void rms_forward_block_near_underflow(rms_kind wk, const char *x, p
     }
 }
 
+/* x * w * (inv_hi + inv_lo) as hi + *err, for x and w of kinds whose
+   product is exact in double. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_float_product_times(rms_vd x, rms_vd w, rms_vd inv_hi,
+                                                   rms_vd inv_lo, rms_vd *err)
+{
+    const rms_vd xw = rms_vd_mul(x, w); /* exact */
+    const rms_vd p = rms_vd_mul(xw, inv_hi);
+    const rms_vd tail =
+        rms_vd_zero_where_inf(rms_vd_muladd(xw, inv_lo, rms_vd_product_error(xw, inv_hi, p)), w);
+    /* tail may pass half an ulp of p: renormalised, as round to odd needs,
+       by a fast two-sum that keeps p's sign where both are zeros */
+    const rms_vd hi = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
+    *err = rms_vd_zero_where_inf(rms_vd_sub(tail, rms_vd_sub(hi, p)), hi);
+    return hi;
+}
+
 /* The same in double, for every type: exact products where x and w are
    floats, and a compensated product where either is a double: for a
    float64 y, u_hi * w + low in one fused multiply-add where there is one;
@@ -352,16 +368,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd xh = xv.part[h], wh = wv.part[h];
         if (rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk) && w_lo == NULL) {
-            const rms_vd xw = rms_vd_mul(xh, wh); /* exact */
-            const rms_vd p = rms_vd_mul(xw, inv_hi);
-            const rms_vd tail = rms_vd_zero_where_inf(
-                rms_vd_muladd(xw, inv_lo, rms_vd_product_error(xw, inv_hi, p)), wh);
-            /* tail may pass half an ulp of p: renormalised, as round to odd
-               needs, by a fast two-sum that keeps p's sign where both are
-               zeros */
-            hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
-            err.part[h] = rms_vd_zero_where_inf(
-                rms_vd_sub(tail, rms_vd_sub(hi.part[h], p)), hi.part[h]);
+            hi.part[h] = rms_vd_float_product_times(xh, wh, inv_hi, inv_lo, &err.part[h]);
             continue;
         }
         const rms_vd u_hi = rms_vd_mul(xh, inv_hi);
