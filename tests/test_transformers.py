@@ -11,7 +11,6 @@ accuracy comparison.
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 
 import pytest
@@ -22,6 +21,7 @@ transformers = pytest.importorskip(
 )
 
 import rmsnorm.torch as rt  # noqa: E402
+from test_torch_op import COMPILE_BACKEND  # noqa: E402  (the sanitizers' backend)
 
 SIZES = dict(
     hidden_size=64,
@@ -177,12 +177,6 @@ def test_mixed_dtypes_give_transformers_result_dtype(name, result_dtype):
         theirs, mine = norm(x), ours(x)
     assert mine.dtype == theirs.dtype == result_dtype
     torch.testing.assert_close(mine, theirs, rtol=1.6e-2, atol=1e-5)
-
-
-# Under the sanitizers (.ci/sanitize.sh) inductor's C++ compiler cannot run
-# with the ASan runtime preloaded; aot_eager traces the same graph, with the
-# op in it, and runs it without compiling.
-COMPILE_BACKEND = "aot_eager" if os.environ.get("RMSNORM_SANITIZED") else "inductor"
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3"])
