@@ -84,13 +84,6 @@
         rms_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, weight,  \
                           grad_weight_partial);                                            \
     }                                                                                      \
-    static void plan_backward_rows_##name(const rms_backward_problem *p,                   \
-                                          ptrdiff_t row_begin, ptrdiff_t row_end,          \
-                                          const double *weight, rms_backward_plan *plans)  \
-    {                                                                                      \
-        rms_plan_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,     \
-                               weight, plans);                                             \
-    }                                                                                      \
     static void write_backward_tile_##name(                                                \
         const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,             \
         const rms_backward_plan *plans, ptrdiff_t column_begin, ptrdiff_t column_end,      \
@@ -122,7 +115,7 @@ RMS_FOR_EACH_TYPE(RMS_ROW_KERNELS)
 
 #define RMS_TABLE_ENTRY(name, x, weight)                                                   \
     [RMS_##name] = {forward_rows_##name,       backward_rows_##name,                       \
-                    plan_backward_rows_##name, write_backward_tile_##name,                 \
+                    rms_plan_backward_##name, write_backward_tile_##name,                 \
                     prepare_forward_weight_##name,                                         \
                     widen_weight_##name,       store_weight_##name},
 

@@ -659,14 +659,90 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
     }
 }
 
+/* The reduction passes of rows [row_begin, row_end), contiguous or not. */
+RMS_ALWAYS_INLINE void rms_plan_backward_rows(rms_kind xk, rms_kind wk,
+                                              const rms_backward_problem *p, ptrdiff_t row_begin,
+                                              ptrdiff_t row_end, const double *weight,
+                                              rms_backward_plan *plans)
+{
+    const int add_residual = p->grad_residual_out.data != NULL;
+    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
+        rms_plan_backward_rows_of(xk, wk, 1, p, row_begin, row_end, weight, plans);
+    }
+    else {
+        rms_plan_backward_rows_of(xk, wk, 0, p, row_begin, row_end, weight, plans);
+    }
+}
+
+/* rms_write_backward_rows, contiguous or not. */
+RMS_ALWAYS_INLINE void rms_write_backward_rows_any(
+    rms_kind xk, rms_kind wk, const rms_backward_problem *p, ptrdiff_t row_begin,
+    ptrdiff_t row_end, const rms_backward_plan *plans, ptrdiff_t column_begin,
+    ptrdiff_t column_end, const double *weight, double *grad_weight_tile, ptrdiff_t ahead,
+    ptrdiff_t ahead_end)
+{
+    const int add_residual = p->grad_residual_out.data != NULL;
+    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
+        rms_write_backward_rows(xk, wk, add_residual, 1, p, row_begin, row_end, plans,
+                                column_begin, column_end, weight, grad_weight_tile, ahead,
+                                ahead_end);
+    }
+    else {
+        rms_write_backward_rows(xk, wk, add_residual, 0, p, row_begin, row_end, plans,
+                                column_begin, column_end, weight, grad_weight_tile, ahead,
+                                ahead_end);
+    }
+}
+
+/* The two passes, a function each for each type: the untiled backward
+   and the tiled one's two steps (kernels.h) call the same code, once a
+   few rows, rather than each inline a copy. Indexed by constants, a
+   direct call. */
+typedef void (*rms_plan_backward_fn)(const rms_backward_problem *p, ptrdiff_t row_begin,
+                                     ptrdiff_t row_end, const double *weight,
+                                     rms_backward_plan *plans);
+typedef void (*rms_write_backward_fn)(const rms_backward_problem *p, ptrdiff_t row_begin,
+                                      ptrdiff_t row_end, const rms_backward_plan *plans,
+                                      ptrdiff_t column_begin, ptrdiff_t column_end,
+                                      const double *weight, double *grad_weight_tile,
+                                      ptrdiff_t ahead, ptrdiff_t ahead_end);
+#define RMS_BACKWARD_PASSES(name, x, weight)                                                  \
+    RMS_NOINLINE void rms_plan_backward_##name(const rms_backward_problem *p,                  \
+                                               ptrdiff_t row_begin, ptrdiff_t row_end,         \
+                                               const double *w, rms_backward_plan *plans)      \
+    {                                                                                         \
+        rms_plan_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, w,     \
+                               plans);                                                        \
+    }                                                                                         \
+    RMS_NOINLINE void rms_write_backward_##name(                                              \
+        const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,                \
+        const rms_backward_plan *plans, ptrdiff_t column_begin, ptrdiff_t column_end,         \
+        const double *w, double *grad_weight_tile, ptrdiff_t ahead, ptrdiff_t ahead_end)      \
+    {                                                                                         \
+        rms_write_backward_rows_any(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,   \
+                                    plans, column_begin, column_end, w, grad_weight_tile,     \
+                                    ahead, ahead_end);                                        \
+    }
+RMS_FOR_EACH_TYPE(RMS_BACKWARD_PASSES)
+#undef RMS_BACKWARD_PASSES
+#define RMS_PLAN_BACKWARD_ENTRY(name, x, weight)                                              \
+    [RMS_KIND_##x][RMS_KIND_##weight] = rms_plan_backward_##name,
+#define RMS_WRITE_BACKWARD_ENTRY(name, x, weight)                                             \
+    [RMS_KIND_##x][RMS_KIND_##weight] = rms_write_backward_##name,
+static const rms_plan_backward_fn rms_plan_backward[4][4] = {
+    RMS_FOR_EACH_TYPE(RMS_PLAN_BACKWARD_ENTRY)};
+static const rms_write_backward_fn rms_write_backward[4][4] = {
+    RMS_FOR_EACH_TYPE(RMS_WRITE_BACKWARD_ENTRY)};
+#undef RMS_PLAN_BACKWARD_ENTRY
+#undef RMS_WRITE_BACKWARD_ENTRY
+
 /* The backward's rows, reduced and then written while still in cache, a
    few together (rms_backward_rows_together), with or without
    grad_residual_out (add_residual: a test per block, well predicted; a
    code path each would double the backward's compile time). */
-RMS_ALWAYS_INLINE void rms_backward_rows_of(rms_kind xk, rms_kind wk, int add_residual,
-                                            int contiguous, const rms_backward_problem *p,
-                                            ptrdiff_t row_begin, ptrdiff_t row_end,
-                                            const double *weight, double *grad_weight_partial)
+RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_backward_problem *p,
+                                         ptrdiff_t row_begin, ptrdiff_t row_end,
+                                         const double *weight, double *grad_weight_partial)
 {
     const ptrdiff_t together = rms_backward_rows_together(xk);
     /* A write pass asks for the same row of the next rows written
@@ -678,60 +754,18 @@ RMS_ALWAYS_INLINE void rms_backward_rows_of(rms_kind xk, rms_kind wk, int add_re
     rms_backward_plan plans[RMS_BACKWARD_ROWS_TOGETHER];
     for (ptrdiff_t r = row_begin; r < row_end; r += together) {
         const ptrdiff_t end = row_end - r < together ? row_end : r + together;
-        rms_plan_backward_rows_of(xk, wk, contiguous, p, r, end, weight, plans);
-        rms_write_backward_rows(xk, wk, add_residual, contiguous, p, r, end, plans, 0, p->n,
-                                weight, grad_weight_partial, ahead, ahead_end);
+        rms_plan_backward[xk][wk](p, r, end, weight, plans);
+        rms_write_backward[xk][wk](p, r, end, plans, 0, p->n, weight, grad_weight_partial, ahead,
+                                   ahead_end);
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
         rms_stream_fence();
     }
 }
 
-RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_backward_problem *p,
-                                         ptrdiff_t row_begin, ptrdiff_t row_end,
-                                         const double *weight, double *grad_weight_partial)
-{
-    const int add_residual = p->grad_residual_out.data != NULL;
-    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
-        rms_backward_rows_of(xk, wk, add_residual, 1, p, row_begin, row_end, weight,
-                             grad_weight_partial);
-    }
-    else {
-        rms_backward_rows_of(xk, wk, add_residual, 0, p, row_begin, row_end, weight,
-                             grad_weight_partial);
-    }
-}
-
-/* The tiled backward's two steps (kernels.h): every row's reduction pass,
-   then the rows' write passes over one tile of columns. */
-RMS_ALWAYS_INLINE void rms_plan_backward_rows(rms_kind xk, rms_kind wk,
-                                              const rms_backward_problem *p, ptrdiff_t row_begin,
-                                              ptrdiff_t row_end, const double *weight,
-                                              rms_backward_plan *plans)
-{
-    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, p->grad_residual_out.data != NULL, p)) {
-        rms_plan_backward_rows_of(xk, wk, 1, p, row_begin, row_end, weight, plans);
-    }
-    else {
-        rms_plan_backward_rows_of(xk, wk, 0, p, row_begin, row_end, weight, plans);
-    }
-}
-
-RMS_ALWAYS_INLINE void rms_write_backward_tile_of(
-    rms_kind xk, rms_kind wk, int add_residual, int contiguous, const rms_backward_problem *p,
-    ptrdiff_t row_begin, ptrdiff_t row_end, const rms_backward_plan *plans,
-    ptrdiff_t column_begin, ptrdiff_t column_end, const double *weight, double *grad_weight_tile)
-{
-    /* A streamed write pass asks for the same tile of the next chunk's
-       rows, which the rows' reduction passes will read next. */
-    rms_write_backward_rows(xk, wk, add_residual, contiguous, p, row_begin, row_end, plans,
-                            column_begin, column_end, weight, grad_weight_tile,
-                            row_end - row_begin, p->ahead_end);
-    if (RMS_HAVE_STREAM && p->stream_output) {
-        rms_stream_fence();
-    }
-}
-
+/* The tiled backward's second step: the rows' write passes over one tile
+   of columns. A streamed write pass asks for the same tile of the next
+   chunk's rows, which the rows' reduction passes will read next. */
 RMS_ALWAYS_INLINE void rms_write_backward_tile(rms_kind xk, rms_kind wk,
                                                const rms_backward_problem *p,
                                                ptrdiff_t row_begin, ptrdiff_t row_end,
@@ -739,14 +773,10 @@ RMS_ALWAYS_INLINE void rms_write_backward_tile(rms_kind xk, rms_kind wk,
                                                ptrdiff_t column_begin, ptrdiff_t column_end,
                                                const double *weight, double *grad_weight_tile)
 {
-    const int add_residual = p->grad_residual_out.data != NULL;
-    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
-        rms_write_backward_tile_of(xk, wk, add_residual, 1, p, row_begin, row_end, plans,
-                                   column_begin, column_end, weight, grad_weight_tile);
-    }
-    else {
-        rms_write_backward_tile_of(xk, wk, add_residual, 0, p, row_begin, row_end, plans,
-                                   column_begin, column_end, weight, grad_weight_tile);
+    rms_write_backward[xk][wk](p, row_begin, row_end, plans, column_begin, column_end, weight,
+                               grad_weight_tile, row_end - row_begin, p->ahead_end);
+    if (RMS_HAVE_STREAM && p->stream_output) {
+        rms_stream_fence();
     }
 }
 

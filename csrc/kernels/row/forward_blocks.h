@@ -431,18 +431,19 @@ RMS_ALWAYS_INLINE void rms_forward_block_unbounded(rms_kind xk, rms_kind wk, con
     rms_store_narrowed(xk, y, ys, count, &out, stream);
 }
 
-/* rms_forward_block_double out of line: one copy for each pair of kinds,
-   for the blocks that take it rarely (a fast write's unsure ones) or off
-   the beaten path (a weight offset's). The write loops then inline only
-   their common case: inlined everywhere, it tripled the kernels' compile
-   time. (One copy for all kinds, switching on them at run time, made the
-   unsure blocks a twentieth of the 16-bit forward.) */
+/* rms_forward_block_double out of line: one copy for each type and for
+   each kind of x with an offset, for the blocks that take it rarely (a
+   fast write's unsure ones) or off the beaten path (a weight offset's).
+   The write loops then inline only their common case: inlined everywhere,
+   it tripled the kernels' compile time. (One copy for all kinds, switching
+   on them at run time, made the unsure blocks a twentieth of the 16-bit
+   forward.) */
 typedef int (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws,
                                    const double *w_lo, char *y, ptrdiff_t ys, ptrdiff_t count,
                                    rms_dd inv_rms, double sum_error, int check_underflow,
                                    int stream);
-#define RMS_BLOCK_DOUBLE_OF(x_kind, w_kind)                                                    \
-    RMS_NOINLINE int rms_forward_block_double_##x_kind##_##w_kind(                             \
+#define RMS_BLOCK_DOUBLE_OF(name, x_kind, w_kind)                                              \
+    RMS_NOINLINE int rms_forward_block_double_##name(                                          \
         const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws, const double *w_lo, char *y, \
         ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms, double sum_error, int check_underflow,  \
         int stream)                                                                            \
@@ -456,28 +457,24 @@ typedef int (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, p
                                         w_lo, y, ys, count, inv_rms, sum_error,                \
                                         check_underflow, stream);                              \
     }
-#define RMS_BLOCK_DOUBLE_FOR_X(x_kind)                                                         \
-    RMS_BLOCK_DOUBLE_OF(x_kind, F32)                                                           \
-    RMS_BLOCK_DOUBLE_OF(x_kind, F64) RMS_BLOCK_DOUBLE_OF(x_kind, F16)                          \
-    RMS_BLOCK_DOUBLE_OF(x_kind, BF16)
-RMS_BLOCK_DOUBLE_FOR_X(F32)
-RMS_BLOCK_DOUBLE_FOR_X(F64)
-RMS_BLOCK_DOUBLE_FOR_X(F16)
-RMS_BLOCK_DOUBLE_FOR_X(BF16)
-#define RMS_BLOCK_DOUBLE_ROW(x_kind)                                                           \
-    [RMS_KIND_##x_kind] = {                                                                    \
-        [RMS_KIND_F32] = rms_forward_block_double_##x_kind##_F32,                              \
-        [RMS_KIND_F64] = rms_forward_block_double_##x_kind##_F64,                              \
-        [RMS_KIND_F16] = rms_forward_block_double_##x_kind##_F16,                              \
-        [RMS_KIND_BF16] = rms_forward_block_double_##x_kind##_BF16,                            \
-    },
-/* By x's kind, then the weight's (types.h has four); indexed by constants,
-   a direct call. */
+/* One for each type (types.h), and for each kind of x with an offset,
+   whose weight is offset + weight as doubles: float32's and float64's
+   are their types with a float64 weight. */
+RMS_FOR_EACH_TYPE(RMS_BLOCK_DOUBLE_OF)
+RMS_BLOCK_DOUBLE_OF(F16_OFFSET, F16, F64)
+RMS_BLOCK_DOUBLE_OF(BF16_OFFSET, BF16, F64)
+#define RMS_BLOCK_DOUBLE_ENTRY(name, x, weight)                                                \
+    [RMS_KIND_##x][RMS_KIND_##weight] = rms_forward_block_double_##name,
+/* By x's kind, then the weight's; indexed by constants, a direct call. */
 static const rms_block_double_fn rms_forward_block_double_out_of_line[4][4] = {
-    RMS_BLOCK_DOUBLE_ROW(F32) RMS_BLOCK_DOUBLE_ROW(F64) RMS_BLOCK_DOUBLE_ROW(F16)
-        RMS_BLOCK_DOUBLE_ROW(BF16)};
-#undef RMS_BLOCK_DOUBLE_ROW
-#undef RMS_BLOCK_DOUBLE_FOR_X
+    RMS_FOR_EACH_TYPE(RMS_BLOCK_DOUBLE_ENTRY)};
+static const rms_block_double_fn rms_forward_block_double_offset[4] = {
+    [RMS_KIND_F32] = rms_forward_block_double_FLOAT32_WEIGHT64,
+    [RMS_KIND_F64] = rms_forward_block_double_FLOAT64,
+    [RMS_KIND_F16] = rms_forward_block_double_F16_OFFSET,
+    [RMS_KIND_BF16] = rms_forward_block_double_BF16_OFFSET,
+};
+#undef RMS_BLOCK_DOUBLE_ENTRY
 #undef RMS_BLOCK_DOUBLE_OF
 
 /*

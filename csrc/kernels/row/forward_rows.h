@@ -33,13 +33,7 @@ RMS_NOINLINE rms_row_sums rms_forward_row_extreme(rms_kind wk, int with_residual
         }
         memcpy(rms_element_out(y, i, ys), &yi, sizeof yi);
     }
-    const rms_row_sums none = {{0.0, 0.0}, INFINITY};
-    if (next->x == NULL) {
-        return none;
-    }
-    rms_lanes lanes;
-    rms_lanes_clear(&lanes);
-    return rms_reduce_row(RMS_KIND_F64, with_residual, &lanes, 0, n, next);
+    return rms_reduce_row(RMS_KIND_F64, with_residual, n, next);
 }
 
 /* A remade row's residual_out, written before its write pass: for the
@@ -171,6 +165,49 @@ RMS_ALWAYS_INLINE int rms_row_may_go_near_underflow(rms_kind xk, ptrdiff_t n, co
     return !(least * inv_rms * (w->least < 1.0 ? w->least : 1.0) >= RMS_NEAR_UNDERFLOW);
 }
 
+/* Whether a type's rows are commonly written in double, inlined: float64
+   rows, and float32 rows without fused multiply-adds or with a float64
+   weight; and float64's out of line too, for its rows with an offset.
+   The other types' rows in double are rare, and go through
+   rms_forward_row_in_double. */
+RMS_ALWAYS_INLINE int rms_double_write_is_common(rms_kind xk, rms_kind wk, rms_write_mode mode)
+{
+    if (mode == RMS_WRITE_DOUBLE_OUT_OF_LINE) {
+        return xk == RMS_KIND_F64;
+    }
+    return xk == RMS_KIND_F64 || (xk == RMS_KIND_F32 && (!RMS_HAVE_FMA || wk == RMS_KIND_F64));
+}
+
+/* A row of a type whose rows are written the fast way, written in double
+   instead (a weight with no floats, an inv_rms outside float's range, a
+   remade row): a block at a time, each out of line, then the next row's
+   reduction pass, with no streaming and no reduction in the write. Such
+   rows are rare, and one plain loop serves them all, where a write loop
+   inlined for each would double the type's machine code. A remade row has
+   its residual_out written first, and read. */
+RMS_NOINLINE rms_row_sums rms_forward_row_in_double(rms_kind xk, rms_kind wk, int with_residual,
+                                                    ptrdiff_t n, const rms_row_source *row,
+                                                    const rms_row_weight *w, char *y,
+                                                    ptrdiff_t ys, rms_row_plan plan,
+                                                    rms_unsure_blocks *unsure,
+                                                    const rms_row_source *next)
+{
+    if (with_residual && row->remade) {
+        rms_write_residual_out(xk, n, row);
+    }
+    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->lo != NULL, plan.inv_rms,
+                                               plan.sum_error, 0, unsure,
+                                               RMS_WRITE_DOUBLE_OUT_OF_LINE);
+    const char *x = with_residual ? row->residual_out : row->x;
+    const ptrdiff_t xs = with_residual ? row->residual_out_stride : row->x_stride;
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, rms_element(x, i, xs), xs,
+                                w, i, rms_element_out(y, i, ys), ys, count, &inv, 0, 0);
+    }
+    return rms_reduce_row(xk, with_residual, n, next);
+}
+
 /* rms_forward_write in the plan's mode: a constant at each call, so that
    each write loop is its own code. */
 RMS_ALWAYS_INLINE rms_row_sums rms_forward_write_planned(
@@ -191,34 +228,40 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write_planned(
     case RMS_WRITE_OFFSET32:
         return RMS_WRITE_IN(RMS_WRITE_OFFSET32);
     case RMS_WRITE_DOUBLE_OUT_OF_LINE:
-        return RMS_WRITE_IN(RMS_WRITE_DOUBLE_OUT_OF_LINE);
+        if (rms_double_write_is_common(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE)) {
+            return RMS_WRITE_IN(RMS_WRITE_DOUBLE_OUT_OF_LINE);
+        }
+        break;
     default:
-        return RMS_WRITE_IN(RMS_WRITE_DOUBLE);
+        if (rms_double_write_is_common(xk, wk, RMS_WRITE_DOUBLE)) {
+            return RMS_WRITE_IN(RMS_WRITE_DOUBLE);
+        }
+        break;
     }
 #undef RMS_WRITE_IN
+    return rms_forward_row_in_double(xk, wk, with_residual, n, row, w, y, ys, plan, unsure, next);
 }
 
 /* A remade row (float32 only: rms_remakes_residual_out) whose inv_rms is
    worked out again from its values: its residual_out is written first, for
-   that to read, and its write pass reads it rather than make it again,
-   since out= may have put it over x or the residual. In double, out of
-   line, as such rows are rare. */
+   that to read, and its write reads it rather than make it again, since
+   out= may have put it over x or the residual. */
 RMS_ALWAYS_INLINE rms_row_sums rms_forward_remade_row_in_double(
     rms_kind xk, rms_kind wk, ptrdiff_t n, const rms_row_source *row, const rms_row_weight *w,
-    double eps, char *y, ptrdiff_t ys, int stream, rms_dd sum_squares,
-    rms_unsure_blocks *unsure, const rms_row_source *next)
+    double eps, char *y, ptrdiff_t ys, rms_dd sum_squares, rms_unsure_blocks *unsure,
+    const rms_row_source *next)
 {
     rms_write_residual_out(xk, n, row);
     rms_row_source written = *row;
     written.remade = 0;
     const char *x = written.residual_out;
     const ptrdiff_t xs = written.residual_out_stride;
-    const rms_dd inv_rms =
+    const rms_row_plan plan = {
         rms_sum_needs_rescale(sum_squares.hi)
             ? rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares))
-            : rms_exact_inv_rms(xk, n, x, xs, eps);
-    return rms_forward_write(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, 1, n, &written, w, y, ys,
-                             stream, inv_rms, 0.0, 0, unsure, next);
+            : rms_exact_inv_rms(xk, n, x, xs, eps),
+        RMS_WRITE_DOUBLE_OUT_OF_LINE, 0.0};
+    return rms_forward_row_in_double(xk, wk, 1, n, &written, w, y, ys, plan, unsure, next);
 }
 
 /* One row of the forward: inv_rms from its sum of squares (rms_row_plan_of
@@ -244,8 +287,8 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row(rms_kind xk, rms_kind wk, int wit
                                &exact_first);
     }
     if (with_residual && row->remade && (needs_rescale || exact_first)) {
-        return rms_forward_remade_row_in_double(xk, wk, n, row, w, eps, y, ys, stream,
-                                                sums.squares, unsure, next);
+        return rms_forward_remade_row_in_double(xk, wk, n, row, w, eps, y, ys, sums.squares,
+                                                unsure, next);
     }
     if (needs_rescale) {
         const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sums.squares);
@@ -394,7 +437,7 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
     const rms_row_source row = rms_source_of(p, with_residual, 0, r, unit_stride);
     const char *x = with_residual ? row.residual_out : row.x;
     const ptrdiff_t xs = with_residual ? row.residual_out_stride : row.x_stride;
-    const ptrdiff_t n = p->n, ys = p->y.stride;
+    const ptrdiff_t n = p->n, ys = unit_stride ? unit_stride : p->y.stride;
     char *y = rms_element_out(p->y.data, r, p->y.row_stride);
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
@@ -457,12 +500,10 @@ RMS_ALWAYS_INLINE void rms_forward_strided_row(rms_kind xk, rms_kind wk, int wit
     const rms_row_source src = rms_source_of(p, with_residual, 0, r, 0);
     rms_row_source none = src;
     none.x = NULL;
-    rms_lanes lanes;
-    rms_lanes_clear(&lanes);
     rms_unsure_blocks unsure;
     unsure.count = 0;
     rms_forward_row(xk, wk, with_residual, p->n, &src, w, eps, y, p->y.stride, 0,
-                    rms_reduce_row(xk, with_residual, &lanes, 0, p->n, &src), &none, &unsure);
+                    rms_reduce_row(xk, with_residual, p->n, &src), &none, &unsure);
     if (rms_squares_are_plain(xk) && unsure.count > 0) {
         rms_forward_row_exactly(xk, wk, with_residual, p, r, 0, *w, &unsure);
     }
@@ -547,13 +588,14 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
     }
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const int contiguous = rms_rows_are_contiguous(xk, wk, with_residual, p);
+    if (contiguous) {
+        w.stride = rms_kind_size(wk); /* a constant */
+    }
     rms_row_sums sums = {{0.0, 0.0}, INFINITY};
     if (contiguous) {
-        rms_lanes lanes;
-        rms_lanes_clear(&lanes);
         const rms_row_source first =
             rms_source_of(p, with_residual, remade, row_begin, rms_kind_size(xk));
-        sums = rms_reduce_row(xk, with_residual, &lanes, 0, n, &first);
+        sums = rms_reduce_row(xk, with_residual, n, &first);
     }
     const char *least_of = NULL;
     for (ptrdiff_t r = row_begin; r < row_end; r++) {

@@ -122,7 +122,7 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
                                         inv->dd, 0.0, 0, stream);
     }
     else if (mode != RMS_WRITE_FLOAT && w->lo != NULL) { /* float rows have no offset */
-        sure = rms_forward_block_double_out_of_line[xk][RMS_KIND_F64](
+        sure = rms_forward_block_double_offset[xk](
             x, xs, (const char *)(w->hi + at), 8, w->lo + at, y, ys, count, inv->dd,
             inv->sum_error, inv->near_underflow, stream);
     }
@@ -158,6 +158,23 @@ typedef struct {
     const char *ahead_x, *ahead_residual;
     int remade;
 } rms_row_source;
+
+/* A row's source as its loops read it: a local copy, with the strides
+   their elements' sizes where the table takes contiguous rows only
+   (RMS_STRIDED_ROWS). Read through a pointer whose struct a call may
+   have seen, the strides would be loaded, not known: every block would
+   test them, and carry a gather and a scatter it never takes. */
+RMS_ALWAYS_INLINE rms_row_source rms_source_known(rms_kind xk, const rms_row_source *src)
+{
+    rms_row_source known = *src;
+    if (!RMS_STRIDED_ROWS) {
+        const ptrdiff_t size = rms_kind_size(xk);
+        known.x_stride = size;
+        known.residual_stride = size;
+        known.residual_out_stride = size;
+    }
+    return known;
+}
 
 /* residual_out = x + residual for one block, rounded once to x's kind as
    NumPy's and torch's own add round it; written to out unless that is
@@ -256,11 +273,13 @@ typedef struct {
 } rms_row_sums;
 
 /* The reduction pass from element done (a multiple of RMS_LANES, the part
-   already in lanes) to the row's end. */
-RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row(rms_kind xk, int with_residual, rms_lanes *lanes,
-                                              ptrdiff_t done, ptrdiff_t n,
-                                              const rms_row_source *src)
+   already in lanes) to the row's end, inlined where a write loop runs it. */
+RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row_from(rms_kind xk, int with_residual,
+                                                   rms_lanes *lanes, ptrdiff_t done,
+                                                   ptrdiff_t n, const rms_row_source *source)
 {
+    const rms_row_source known = rms_source_known(xk, source);
+    const rms_row_source *src = &known;
     ptrdiff_t i = done;
     for (; i + RMS_LANES <= n; i += RMS_LANES) {
         rms_reduce_lanes(xk, with_residual, lanes, src, i, RMS_LANES); /* a constant count */
@@ -273,6 +292,58 @@ RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row(rms_kind xk, int with_residual, rm
     sums.least_square =
         xk == RMS_KIND_F64 ? rms_vd_smallest_lane(lanes->least_square) : INFINITY;
     return sums;
+}
+
+/* A row's reduction pass from element done on, into lanes, a function
+   for each kind, with and without a residual: outside a write loop it
+   runs once a row (the first row of a chunk, the rest of a row that a
+   write loop reduced in part, a rare row's next), and is compiled once. */
+typedef rms_row_sums (*rms_reduce_row_fn)(const rms_lanes *lanes, ptrdiff_t done, ptrdiff_t n,
+                                          const rms_row_source *src);
+#define RMS_REDUCE_ROW_OF(kind, with_residual)                                                 \
+    RMS_NOINLINE rms_row_sums rms_reduce_row_##kind##_##with_residual(                         \
+        const rms_lanes *lanes, ptrdiff_t done, ptrdiff_t n, const rms_row_source *src)       \
+    {                                                                                          \
+        rms_lanes own = rms_lanes_copy(lanes);                                                 \
+        return rms_reduce_row_from(RMS_KIND_##kind, with_residual, &own, done, n, src);         \
+    }
+#define RMS_REDUCE_ROW(kind) RMS_REDUCE_ROW_OF(kind, 0) RMS_REDUCE_ROW_OF(kind, 1)
+RMS_REDUCE_ROW(F32)
+RMS_REDUCE_ROW(F64)
+RMS_REDUCE_ROW(F16)
+RMS_REDUCE_ROW(BF16)
+#define RMS_REDUCE_ROW_ENTRY(kind)                                                             \
+    [RMS_KIND_##kind] = {rms_reduce_row_##kind##_0, rms_reduce_row_##kind##_1},
+static const rms_reduce_row_fn rms_reduce_row_of[4][2] = {
+    RMS_REDUCE_ROW_ENTRY(F32) RMS_REDUCE_ROW_ENTRY(F64) RMS_REDUCE_ROW_ENTRY(F16)
+        RMS_REDUCE_ROW_ENTRY(BF16)};
+#undef RMS_REDUCE_ROW_ENTRY
+#undef RMS_REDUCE_ROW
+#undef RMS_REDUCE_ROW_OF
+
+/* The rest of a row's reduction pass, from element done on, out of line
+   (rms_reduce_row_of), with lanes holding the part before it; none for no
+   row (src->x NULL). The lanes go to the call as a copy, and the callee
+   works on a copy of its own (rms_lanes_copy says why). */
+RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row_rest(rms_kind xk, int with_residual,
+                                                   const rms_lanes *lanes, ptrdiff_t done,
+                                                   ptrdiff_t n, const rms_row_source *src)
+{
+    if (src->x == NULL) {
+        const rms_row_sums none = {{0.0, 0.0}, INFINITY};
+        return none;
+    }
+    const rms_lanes copy = rms_lanes_copy(lanes);
+    return rms_reduce_row_of[xk][with_residual](&copy, done, n, src);
+}
+
+/* A row's whole reduction pass, out of line. */
+RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row(rms_kind xk, int with_residual, ptrdiff_t n,
+                                              const rms_row_source *src)
+{
+    rms_lanes lanes;
+    rms_lanes_clear(&lanes);
+    return rms_reduce_row_rest(xk, with_residual, &lanes, 0, n, src);
 }
 
 /* One block of a row's write pass: from the row's values as they are in
@@ -442,12 +513,21 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
  */
 RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                                  int with_residual, ptrdiff_t n,
-                                                 const rms_row_source *row,
-                                                 const rms_row_weight *w, char *y, ptrdiff_t ys,
+                                                 const rms_row_source *row_source,
+                                                 const rms_row_weight *weight, char *y,
+                                                 ptrdiff_t ys,
                                                  int stream, rms_dd inv_rms, double sum_error,
                                                  int near_underflow, rms_unsure_blocks *unsure,
-                                                 const rms_row_source *next)
+                                                 const rms_row_source *next_source)
 {
+    const rms_row_source row_known = rms_source_known(xk, row_source);
+    const rms_row_source next_known = rms_source_known(xk, next_source);
+    const rms_row_source *row = &row_known, *next = &next_known;
+    rms_row_weight w_known = *weight;
+    if (!RMS_STRIDED_ROWS) {
+        w_known.stride = rms_kind_size(wk);
+    }
+    const rms_row_weight *w = &w_known;
     const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->lo != NULL, inv_rms, sum_error,
                                                near_underflow, unsure, mode);
     const ptrdiff_t size = rms_kind_size(xk);
@@ -468,11 +548,7 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(rms_kind xk, rms_kind wk, rms_w
         rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
                                residual_out_streamed, &inv, next, 0, &next_lanes, &next_done);
     }
-    if (next->x == NULL) {
-        const rms_row_sums none = {{0.0, 0.0}, INFINITY};
-        return none;
-    }
-    return rms_reduce_row(xk, with_residual, &next_lanes, next_done, n, next);
+    return rms_reduce_row_rest(xk, with_residual, &next_lanes, next_done, n, next);
 }
 
 #endif
