@@ -49,7 +49,9 @@ LD = np.longdouble
 PAIRS = DTYPE_PAIR_NAMES
 # Weight offsets: none (forward itself), Gemma's 1, a negative one, and one
 # far below the weights, which then carry most of the factor.
-OFFSETS = [None, 1.0, -0.5, 2.0**-20]
+# 0.1 is not a float: float32 then takes offset + weight as doubles, where
+# the other offsets are added to the weight in float (two-sums, exact).
+OFFSETS = [None, 1.0, -0.5, 2.0**-20, 0.1]
 
 # Scales c of the constructed rows (powers of two, so c * x stays exact)
 # and eps as a fraction of mean(x**2) = 4 c**2.
@@ -306,7 +308,7 @@ def _expected(dtype_name, weight_name, offset=None):
 GUFUNCS = {(False, False): rmsnorm.forward, (False, True): rmsnorm.forward_offset,
            (True, False): rmsnorm.add_forward, (True, True): rmsnorm.add_forward_offset}
 PAIR_IDS = [f"{x}-{w}" for x, w in PAIRS]
-OFFSET_IDS = ["no-offset", "offset=1", "offset=-0.5", "offset=2**-20"]
+OFFSET_IDS = ["no-offset", "offset=1", "offset=-0.5", "offset=2**-20", "offset=0.1"]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["forward", "add_forward"])
@@ -362,20 +364,32 @@ def _weights_a_hair_from_midpoints(x, eps, offset, rng):
     return (midpoint / u - offset).astype(np.float32)
 
 
-@pytest.mark.parametrize("offset", [1.0, -0.5], ids=["offset=1", "offset=-0.5"])
-def test_float32_offset_outputs_a_hair_from_a_midpoint_are_rounded_once(offset, isa):
+# How the rows reach the kernels: in one call, each row with a weight of its
+# own, or a call a row. Where the offset is a float, the kernels' blocks add
+# it to the weight themselves either way (one row's, or each row's, is read
+# once); 0.1 is made into doubles for each row.
+HAIR_CALLS = {
+    "one-call": lambda x, w, offset, eps: rmsnorm.forward_offset(x, w, offset, eps),
+    "a-call-a-row": lambda x, w, offset, eps: np.stack(
+        [rmsnorm.forward_offset(x[r], w[r], offset, eps[r]) for r in range(len(x))]),
+}
+
+
+@pytest.mark.parametrize("calls", HAIR_CALLS)
+@pytest.mark.parametrize("offset", [1.0, -0.5, 0.1], ids=["offset=1", "offset=-0.5", "offset=0.1"])
+def test_float32_offset_outputs_a_hair_from_a_midpoint_are_rounded_once(offset, calls, isa):
     """float32 with an offset is written the fast way where a bracket of its
     result is sure of the rounding, and in double elsewhere: outputs just
     inside and just outside its margins must all be rounded once."""
     rng = np.random.default_rng(2028)
     # short rows: their sum's error bound, which widens the margins, is
     # small beside the margins themselves
-    x = rng.standard_normal((8192, 37)).astype(np.float32)
+    x = rng.standard_normal((8192 if calls == "one-call" else 1024, 37)).astype(np.float32)
     x[x == 0] = 1
     eps = np.full(len(x), 1e-6, np.float32)
     w = _weights_a_hair_from_midpoints(x, eps, offset, rng)
     expected = _rounded_reference(x, w, eps, False, offset)
-    y = rmsnorm.forward_offset(x, w, offset, eps)
+    y = HAIR_CALLS[calls](x, w, np.float64(offset), eps)
     wrong = y.view(np.uint32) != expected.view(np.uint32)
     if np.any(wrong):
         i = tuple(np.argwhere(wrong)[0])

@@ -8,6 +8,8 @@
 #ifndef RMSNORM_KERNELS_KERNELS_H
 #define RMSNORM_KERNELS_KERNELS_H
 
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -64,16 +66,33 @@ typedef struct {
        as n doubles hi + lo where offset is not NULL, and as floats where
        floats is not NULL (rms_forward_weight_floats an element): n for
        16-bit x, and for float32 x with an offset n floats and n more
-       (their rest). Returns whether the fast writes may take those
-       floats. */
+       (their rest). Returns what it made (rms_weight_made): the doubles
+       are left out where the floats alone are offset + weight exactly, and
+       the floats are not made where the fast writes may not take them. */
     int (*prepare_forward_weight)(ptrdiff_t n, const char *w, ptrdiff_t ws, const double *offset,
                                   double *hi, double *lo, float *floats);
+    /* Whether prepare_forward_weight makes no doubles, and needs none,
+       where the offset is a float (rms_offset_is_float). */
+    int offset_in_floats;
     /* The backward's weight as n doubles, read once per call rather than
        converted again on every row. */
     void (*widen_weight)(ptrdiff_t n, const char *src, ptrdiff_t src_stride, double *dst);
     /* grad_weight, n doubles, rounded once into the weight's kind. */
     void (*store_weight)(ptrdiff_t n, const double *src, char *dst, ptrdiff_t dst_stride);
 } rms_kernels;
+
+/* Whether an offset is a float, which float32 x and weight then add to the
+   weight in float, exactly (RMS_OFFSET_IN_FLOATS). */
+static inline int rms_offset_is_float(double offset)
+{
+    return fabs(offset) <= FLT_MAX && (double)(float)offset == offset;
+}
+
+/* What prepare_forward_weight made, as bits. */
+typedef enum {
+    RMS_MADE_FLOATS = 1,
+    RMS_MADE_DOUBLES = 2
+} rms_weight_made;
 
 /* How many floats an element of the forward's weight takes as its fast
    writes read it (prepare_forward_weight): one for 16-bit x, the weight or
@@ -87,12 +106,11 @@ static inline int rms_forward_weight_floats(rms_kind x, int with_offset)
 /*
  * Memory for the forward's weight as its write passes read it
  * (prepare_forward_weight): offset + weight as n doubles hi and n doubles
- * lo with an offset, and floats_per_element n floats; free memory when
- * done.
+ * lo with_doubles, and floats_per_element n floats; free memory when done.
  */
 typedef struct {
     char *memory;
-    double *hi, *lo; /* NULL without an offset */
+    double *hi, *lo; /* NULL without doubles */
     float *floats;   /* NULL without floats */
 } rms_forward_weight_scratch;
 
@@ -101,7 +119,7 @@ typedef struct {
    doubles needed and could not have, having allocated nothing. */
 static inline size_t rms_forward_weight_scratch_alloc(rms_forward_weight_scratch *scratch,
                                                       ptrdiff_t n, int floats_per_element,
-                                                      int with_offset)
+                                                      int with_doubles)
 {
     rms_forward_weight_scratch none = {NULL, NULL, NULL, NULL};
     *scratch = none;
@@ -109,15 +127,18 @@ static inline size_t rms_forward_weight_scratch_alloc(rms_forward_weight_scratch
         return SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
     }
     const size_t floats_bytes = (size_t)floats_per_element * (size_t)n * sizeof(float);
-    const size_t offset_bytes = with_offset ? 2 * (size_t)n * sizeof(double) : 0;
+    const size_t offset_bytes = with_doubles ? 2 * (size_t)n * sizeof(double) : 0;
     if (floats_bytes + offset_bytes == 0) {
         return 0;
     }
-    scratch->memory = malloc(offset_bytes + floats_bytes);
+    /* on a vector's boundary: a vector load or store across two cache lines
+       costs two (the float32 write from floats took a sixth longer) */
+    const size_t bytes = offset_bytes + floats_bytes;
+    scratch->memory = aligned_alloc(64, bytes + (64 - bytes % 64) % 64);
     if (scratch->memory == NULL) {
         return offset_bytes > 0 ? offset_bytes + floats_bytes : 0;
     }
-    if (with_offset) {
+    if (with_doubles) {
         scratch->hi = (double *)(void *)scratch->memory; /* first: malloc aligns for doubles */
         scratch->lo = scratch->hi + n;
     }

@@ -245,31 +245,35 @@ static size_t weight_for_kernels(rms_type type, ptrdiff_t rows, ptrdiff_t n, rms
  * per row (kernels.h, prepare_forward_weight). Returns 0, or the bytes an
  * offset's doubles needed and could not have.
  */
-static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels,
+static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels, ptrdiff_t rows,
                                      rms_forward_problem *p, rms_forward_weight_scratch *scratch)
 {
     const int with_offset = p->weight_offset != NULL;
-    const size_t failed_bytes = rms_forward_weight_scratch_alloc(
-        scratch, p->n, rms_forward_weight_floats(rms_type_table[type].x, with_offset),
-        with_offset);
-    if (failed_bytes != 0) {
-        return failed_bytes;
-    }
-    p->weight_prepared = 1;
-    if (scratch->memory == NULL) {
-        return 0; /* nothing to make: float32 or float64 without an offset */
-    }
     double offset = 0.0;
     if (with_offset) {
         memcpy(&offset, p->weight_offset, sizeof offset);
     }
-    const int usable =
+    const int in_floats = with_offset && kernels->offset_in_floats && rms_offset_is_float(offset);
+    p->weight_prepared = 1;
+    if (in_floats && rows == 1) {
+        return 0; /* nothing to make: one row's blocks add the offset themselves */
+    }
+    const size_t failed_bytes = rms_forward_weight_scratch_alloc(
+        scratch, p->n, rms_forward_weight_floats(rms_type_table[type].x, with_offset),
+        with_offset && !in_floats);
+    if (failed_bytes != 0) {
+        return failed_bytes;
+    }
+    if (scratch->memory == NULL) {
+        return 0; /* nothing to make: float32 or float64 without an offset */
+    }
+    const int made =
         kernels->prepare_forward_weight(p->n, p->weight.data, p->weight.stride,
                                         with_offset ? &offset : NULL, scratch->hi, scratch->lo,
                                         scratch->floats);
-    p->weight_hi = scratch->hi;
-    p->weight_lo = scratch->lo;
-    p->weight_floats = usable ? scratch->floats : NULL;
+    p->weight_hi = made & RMS_MADE_DOUBLES ? scratch->hi : NULL;
+    p->weight_lo = made & RMS_MADE_DOUBLES ? scratch->lo : NULL;
+    p->weight_floats = made & RMS_MADE_FLOATS ? scratch->floats : NULL;
     return 0;
 }
 
@@ -307,7 +311,7 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     rms_forward_weight_scratch prepared = {NULL, NULL, NULL, NULL};
     if (p.weight.row_stride == 0 && (p.weight_offset == NULL || p.weight_offset_stride == 0)) {
-        failed_bytes = prepare_forward_weight(type, job.kernels, &p, &prepared);
+        failed_bytes = prepare_forward_weight(type, job.kernels, rows, &p, &prepared);
     }
     if (failed_bytes == 0) {
         rms_pool_run(forward_task, &job, threads);

@@ -54,7 +54,8 @@ typedef struct {
        the weight and the offset; forward_rows makes its own, per chunk of
        rows, where weight_prepared is 0. */
     int weight_prepared;
-    const double *weight_hi, *weight_lo; /* offset + weight; NULL without an offset */
+    const double *weight_hi, *weight_lo; /* offset + weight; NULL without an offset, and
+                                            where the floats alone hold it */
     const float *weight_floats;          /* NULL: no fast write from floats */
 } rms_forward_problem;
 

@@ -30,6 +30,7 @@
 #ifndef RMSNORM_KERNELS_ROW_KERNELS_H
 #define RMSNORM_KERNELS_ROW_KERNELS_H
 
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -93,13 +94,6 @@
                                 plans, column_begin, column_end, weight,                   \
                                 grad_weight_tile);                                         \
     }                                                                                      \
-    static int prepare_forward_weight_##name(ptrdiff_t n, const char *w, ptrdiff_t ws,     \
-                                             const double *offset, double *hi, double *lo, \
-                                             float *floats)                                \
-    {                                                                                      \
-        return rms_prepare_forward_weight(RMS_KIND_##x, RMS_KIND_##weight, n, w, ws,       \
-                                          offset, hi, lo, floats);                         \
-    }                                                                                      \
     static void widen_weight_##name(ptrdiff_t n, const char *src, ptrdiff_t src_stride,    \
                                     double *dst)                                           \
     {                                                                                      \
@@ -116,7 +110,8 @@ RMS_FOR_EACH_TYPE(RMS_ROW_KERNELS)
 #define RMS_TABLE_ENTRY(name, x, weight)                                                   \
     [RMS_##name] = {forward_rows_##name,       backward_rows_##name,                       \
                     rms_plan_backward_##name, write_backward_tile_##name,                 \
-                    prepare_forward_weight_##name,                                         \
+                    rms_prepare_forward_weight_##name,                                     \
+                    RMS_OFFSET_IN_FLOATS(RMS_KIND_##x, RMS_KIND_##weight),                 \
                     widen_weight_##name,       store_weight_##name},
 
 #endif

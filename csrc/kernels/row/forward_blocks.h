@@ -34,13 +34,16 @@ typedef struct {
 /* How a row's blocks are written: each in double, inlined or out of line
    (rows with a weight offset, which takes offset + weight as hi + lo
    doubles, and rows whose inv_rms is infinite), each in float, each the
-   fast way for float32 with an offset, or each the fast 16-bit way; the
-   fast ones where they are sure to be exact, else in double. */
+   fast way for float32 with an offset, from offset + weight made for the
+   call or made in each block (rms_offset_in_floats), or each the fast
+   16-bit way; the fast ones where they are sure to be exact, else in
+   double. */
 typedef enum {
     RMS_WRITE_DOUBLE,
     RMS_WRITE_DOUBLE_OUT_OF_LINE,
     RMS_WRITE_FLOAT,
     RMS_WRITE_OFFSET32,
+    RMS_WRITE_OFFSET32_IN_BLOCKS,
     RMS_WRITE_FAST16
 } rms_write_mode;
 
@@ -141,19 +144,16 @@ RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int w
  * Where x or w is 0, e is 0 and S - e keeps the zero's sign: written
  * below, y = 0 carries sign(x) * sign(w), as x * inv_rms * w does in torch.
  */
-RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
-                                              ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                              const float *w_lo, char *y, ptrdiff_t ys,
-                                              ptrdiff_t count, const rms_inv_forms *inv,
-                                              int stream)
+RMS_ALWAYS_INLINE int rms_forward_block_float_of(rms_kind xk, rms_vf xv, rms_vf wv,
+                                                 const rms_vf *w_lo, char *y, ptrdiff_t ys,
+                                                 ptrdiff_t count, const rms_inv_forms *inv,
+                                                 int stream)
 {
-    const rms_vf xv = rms_load_floats(xk, x, xs, count);
-    const rms_vf wv = rms_load_floats(wk, w, ws, count);
     const rms_vf u_hi = rms_vf_mul(xv, inv->hi);
     const rms_vf u_lo = rms_vf_fma(xv, inv->lo, rms_vf_product_error(xv, inv->hi, u_hi));
     rms_vf low = rms_vf_mul(u_lo, wv);
     if (w_lo != NULL) {
-        low = rms_vf_fma(u_hi, rms_load_floats(RMS_KIND_F32, (const char *)w_lo, 4, count), low);
+        low = rms_vf_fma(u_hi, *w_lo, low);
     }
     const rms_vf subnormal_error = rms_vf_where_both_nonzero(
         rms_vf_fma(rms_vf_abs(wv), rms_vf_set(0x1p-126f), rms_vf_set(0x1p-126f)), xv, wv);
@@ -167,6 +167,42 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const ch
     }
     rms_store_floats(xk, y, ys, count, below, stream);
     return 1;
+}
+
+/* The block from memory: w of kind wk, and where not NULL, w_lo, the
+   floats that offset + weight's floats w leave out. */
+RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
+                                              ptrdiff_t xs, const char *w, ptrdiff_t ws,
+                                              const float *w_lo, char *y, ptrdiff_t ys,
+                                              ptrdiff_t count, const rms_inv_forms *inv,
+                                              int stream)
+{
+    const rms_vf xv = rms_load_floats(xk, x, xs, count);
+    const rms_vf wv = rms_load_floats(wk, w, ws, count);
+    if (w_lo == NULL) {
+        return rms_forward_block_float_of(xk, xv, wv, NULL, y, ys, count, inv, stream);
+    }
+    const rms_vf w_lo_v = rms_load_floats(RMS_KIND_F32, (const char *)w_lo, 4, count);
+    return rms_forward_block_float_of(xk, xv, wv, &w_lo_v, y, ys, count, inv, stream);
+}
+
+/* The block with offset + weight made here, from the float32 weight and
+   an offset that is a float, as a float two-sum: floats hi + lo, exactly
+   offset + weight (the bound above counts 2^-48 for a pair made with
+   error). Where hi is not finite, its lanes are NaN, and the block goes in
+   double. For rows whose pair was not made for the call (a single row, or
+   rows with weights or offsets of their own): making it, a pass over the
+   weight, and reading it back cost a row of 4096 more than this does. */
+RMS_ALWAYS_INLINE int rms_forward_block_float_offset(rms_kind xk, const char *x, ptrdiff_t xs,
+                                                     const char *w, ptrdiff_t ws, float offset,
+                                                     char *y, ptrdiff_t ys, ptrdiff_t count,
+                                                     const rms_inv_forms *inv, int stream)
+{
+    const rms_vf xv = rms_load_floats(xk, x, xs, count);
+    rms_vf lo;
+    const rms_vf hi =
+        rms_vf_two_sum(rms_vf_set(offset), rms_load_floats(RMS_KIND_F32, w, ws, count), &lo);
+    return rms_forward_block_float_of(xk, xv, hi, &lo, y, ys, count, inv, stream);
 }
 
 /*
@@ -476,6 +512,61 @@ static const rms_block_double_fn rms_forward_block_double_offset[4] = {
 };
 #undef RMS_BLOCK_DOUBLE_ENTRY
 #undef RMS_BLOCK_DOUBLE_OF
+
+/*
+ * Whether offset + weight is taken as two floats hi + lo whose sum is
+ * exactly it, made by a float two-sum: for float32 x and weight where
+ * fused multiply-adds make the float write, and an offset that is a float
+ * (Gemma's 1). Made once for a call of many rows
+ * (rms_offset_weight_floats), else in each block
+ * (rms_forward_block_float_offset); offset + weight as doubles is then
+ * not made at all, and the rare blocks written in double make their own
+ * (rms_forward_block_double_offset_made). Making the doubles too, 24
+ * bytes an element, took as long as the write of a row of 4096. The macro
+ * is the part that is a constant of the kernels (kernels.h,
+ * offset_in_floats).
+ */
+#define RMS_OFFSET_IN_FLOATS(xk, wk)                                                           \
+    (RMS_HAVE_FMA && (xk) == RMS_KIND_F32 && (wk) == RMS_KIND_F32)
+RMS_ALWAYS_INLINE int rms_offset_in_floats(rms_kind xk, rms_kind wk, double offset)
+{
+    return RMS_OFFSET_IN_FLOATS(xk, wk) && rms_offset_is_float(offset);
+}
+
+/* offset + weight for one block, exactly, as doubles hi + lo: lo is what
+   hi, the sum rounded to double, leaves out, and 0 where hi is infinite. */
+RMS_ALWAYS_INLINE void rms_offset_weight_block(rms_kind wk, const char *w, ptrdiff_t ws,
+                                               ptrdiff_t count, double offset, rms_block *hi,
+                                               rms_block *lo)
+{
+    const rms_block wv = rms_load_doubles(wk, w, ws, count);
+    RMS_UNROLL
+    for (int h = 0; h < RMS_VD_PER_VF; h++) {
+        rms_vd err;
+        hi->part[h] = rms_vd_two_sum(rms_vd_set(offset), wv.part[h], &err);
+        lo->part[h] = rms_vd_zero_where_inf(err, hi->part[h]);
+    }
+}
+
+/* rms_forward_block_double_offset for a block of float32 x whose row has
+   offset + weight as floats alone (rms_offset_in_floats): its doubles are
+   made here, from the float32 weight, for this block only. */
+RMS_NOINLINE int rms_forward_block_double_offset_made(const char *x, ptrdiff_t xs,
+                                                      const char *w, ptrdiff_t ws,
+                                                      double offset, char *y, ptrdiff_t ys,
+                                                      ptrdiff_t count, rms_dd inv_rms,
+                                                      double sum_error, int check_underflow,
+                                                      int stream)
+{
+    rms_block hi, lo;
+    rms_offset_weight_block(RMS_KIND_F32, w, ws, count, offset, &hi, &lo);
+    double hi_of[RMS_VF_WIDTH], lo_of[RMS_VF_WIDTH];
+    rms_store_doubles((char *)hi_of, 8, count, &hi, 0);
+    rms_store_doubles((char *)lo_of, 8, count, &lo, 0);
+    return rms_forward_block_double_offset[RMS_KIND_F32](x, xs, (const char *)hi_of, 8, lo_of,
+                                                         y, ys, count, inv_rms, sum_error,
+                                                         check_underflow, stream);
+}
 
 /*
  * y for one block of 16-bit x, the cheap way, where that is sure to round

@@ -92,15 +92,18 @@ RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
             return RMS_WRITE_FAST16;
         }
     }
-    else if (xk == RMS_KIND_F32 && w->lo != NULL && in_float_range &&
+    else if (xk == RMS_KIND_F32 && w->with_offset && in_float_range &&
              (!RMS_HAVE_FMA || w->floats != NULL)) {
         return RMS_WRITE_OFFSET32;
     }
-    else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && w->lo == NULL &&
+    else if (w->with_offset && in_float_range && rms_offset_in_floats(xk, wk, w->offset)) {
+        return RMS_WRITE_OFFSET32_IN_BLOCKS;
+    }
+    else if (RMS_HAVE_FMA && xk == RMS_KIND_F32 && wk == RMS_KIND_F32 && !w->with_offset &&
              in_float_range) {
         return RMS_WRITE_FLOAT;
     }
-    return w->lo != NULL || isinf(inv_rms.hi) ? RMS_WRITE_DOUBLE_OUT_OF_LINE : RMS_WRITE_DOUBLE;
+    return w->with_offset || isinf(inv_rms.hi) ? RMS_WRITE_DOUBLE_OUT_OF_LINE : RMS_WRITE_DOUBLE;
 }
 
 /* How a row is written: its inv_rms, within sum_error of the one from
@@ -178,35 +181,57 @@ RMS_ALWAYS_INLINE int rms_double_write_is_common(rms_kind xk, rms_kind wk, rms_w
     return xk == RMS_KIND_F64 || (xk == RMS_KIND_F32 && (!RMS_HAVE_FMA || wk == RMS_KIND_F64));
 }
 
-/* A row of a type whose rows are written the fast way, written in double
-   instead (a weight with no floats, an inv_rms outside float's range, a
-   remade row): a block at a time, each out of line, then the next row's
-   reduction pass, with no streaming and no reduction in the write. Such
-   rows are rare, and one plain loop serves them all, where a write loop
-   inlined for each would double the type's machine code. A remade row has
-   its residual_out written first, and read. */
-RMS_NOINLINE rms_row_sums rms_forward_row_in_double(rms_kind xk, rms_kind wk, int with_residual,
-                                                    ptrdiff_t n, const rms_row_source *row,
-                                                    const rms_row_weight *w, char *y,
-                                                    ptrdiff_t ys, rms_row_plan plan,
-                                                    rms_unsure_blocks *unsure,
-                                                    const rms_row_source *next)
+/* A row written a block at a time in mode, then the next row's reduction
+   pass, with no streaming and no reduction in the write. It serves the
+   rows of a type written the fast way that go in double instead (a weight
+   with no floats, an inv_rms outside float's range, a remade row), each
+   block out of line: such rows are rare, and one plain loop serves them
+   all, where a write loop inlined for each would double the type's
+   machine code. A remade row has its residual_out written first, and
+   read. */
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_row_plainly(rms_kind xk, rms_kind wk,
+                                                      int with_residual, rms_write_mode mode,
+                                                      ptrdiff_t n, const rms_row_source *row,
+                                                      const rms_row_weight *w, char *y,
+                                                      ptrdiff_t ys, rms_row_plan plan,
+                                                      rms_unsure_blocks *unsure,
+                                                      const rms_row_source *next)
 {
     if (with_residual && row->remade) {
         rms_write_residual_out(xk, n, row);
     }
-    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->lo != NULL, plan.inv_rms,
-                                               plan.sum_error, 0, unsure,
-                                               RMS_WRITE_DOUBLE_OUT_OF_LINE);
+    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->with_offset, plan.inv_rms,
+                                               plan.sum_error, 0, unsure, mode);
     const char *x = with_residual ? row->residual_out : row->x;
     const ptrdiff_t xs = with_residual ? row->residual_out_stride : row->x_stride;
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, rms_element(x, i, xs), xs,
-                                w, i, rms_element_out(y, i, ys), ys, count, &inv, 0, 0);
+        (void)rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, w, i,
+                                rms_element_out(y, i, ys), ys, count, &inv, 0, 0);
     }
     return rms_reduce_row(xk, with_residual, n, next);
 }
+
+/* rms_forward_row_plainly out of line, for one mode:
+   rms_forward_row_in_double for the rows above, and rms_forward_row_offset_in_blocks for float32
+   rows whose offset + weight their blocks make
+   (rms_forward_block_float_offset): a call's only row, or rows with weights
+   or offsets of their own, where a pair made for the row would be read
+   once. A write loop inlined for these too would add to the float32
+   kernels' machine code for rows that have no next row to reduce in their
+   write. */
+#define RMS_FORWARD_ROW_PLAINLY_IN(name, mode)                                                 \
+    RMS_NOINLINE rms_row_sums rms_forward_row_##name(                                          \
+        rms_kind xk, rms_kind wk, int with_residual, ptrdiff_t n, const rms_row_source *row,   \
+        const rms_row_weight *w, char *y, ptrdiff_t ys, rms_row_plan plan,                     \
+        rms_unsure_blocks *unsure, const rms_row_source *next)                                 \
+    {                                                                                          \
+        return rms_forward_row_plainly(xk, wk, with_residual, mode, n, row, w, y, ys, plan,    \
+                                       unsure, next);                                          \
+    }
+RMS_FORWARD_ROW_PLAINLY_IN(in_double, RMS_WRITE_DOUBLE_OUT_OF_LINE)
+RMS_FORWARD_ROW_PLAINLY_IN(offset_in_blocks, RMS_WRITE_OFFSET32_IN_BLOCKS)
+#undef RMS_FORWARD_ROW_PLAINLY_IN
 
 /* rms_forward_write in the plan's mode: a constant at each call, so that
    each write loop is its own code. */
@@ -227,6 +252,12 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write_planned(
         return RMS_WRITE_IN(RMS_WRITE_FLOAT);
     case RMS_WRITE_OFFSET32:
         return RMS_WRITE_IN(RMS_WRITE_OFFSET32);
+    case RMS_WRITE_OFFSET32_IN_BLOCKS:
+        if (RMS_OFFSET_IN_FLOATS(xk, wk)) {
+            return rms_forward_row_offset_in_blocks(xk, wk, with_residual, n, row, w, y, ys,
+                                                    plan, unsure, next);
+        }
+        break;
     case RMS_WRITE_DOUBLE_OUT_OF_LINE:
         if (rms_double_write_is_common(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE)) {
             return RMS_WRITE_IN(RMS_WRITE_DOUBLE_OUT_OF_LINE);
@@ -343,18 +374,13 @@ RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind xk, rms_kind wk, ptrdiff_t n, c
                                         float *floats)
 {
     int floats_usable = 1;
-    const rms_vd o = rms_vd_set(offset);
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        const rms_block wv = rms_load_doubles(wk, rms_element(w, i, ws), ws, count);
         rms_block sum, err, odd;
+        rms_offset_weight_block(wk, rms_element(w, i, ws), ws, count, offset, &sum, &err);
         RMS_UNROLL
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
-            rms_vd e;
-            const rms_vd s = rms_vd_two_sum(o, wv.part[h], &e);
-            sum.part[h] = s;
-            err.part[h] = rms_vd_zero_where_inf(e, s);
-            odd.part[h] = rms_vd_round_to_odd(s, err.part[h]);
+            odd.part[h] = rms_vd_round_to_odd(sum.part[h], err.part[h]);
         }
         rms_store_doubles((char *)(hi + i), 8, count, &sum, 0);
         rms_store_doubles((char *)(lo + i), 8, count, &err, 0);
@@ -380,6 +406,26 @@ RMS_ALWAYS_INLINE int rms_offset_weight(rms_kind xk, rms_kind wk, ptrdiff_t n, c
     return floats_usable;
 }
 
+/* offset + weight, float32's of rms_offset_in_floats, as n floats hi and in
+   floats + n their rest, for the rows of a call to share. Returns whether
+   the float write may take them, as rms_offset_weight does. */
+RMS_ALWAYS_INLINE int rms_offset_weight_floats(ptrdiff_t n, const char *w, ptrdiff_t ws,
+                                               float offset, float *floats)
+{
+    int floats_usable = 1;
+    const rms_vf o = rms_vf_set(offset);
+    for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        const rms_vf wv = rms_load_floats(RMS_KIND_F32, rms_element(w, i, ws), ws, count);
+        rms_vf rest;
+        const rms_vf sum = rms_vf_two_sum(o, wv, &rest);
+        floats_usable &= !rms_vf_any_abnormal(rms_vf_mul(sum, rms_vf_set(0x1p-30f)));
+        rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count, sum, 0);
+        rms_store_floats(RMS_KIND_F32, (char *)(floats + n + i), 4, count, rest, 0);
+    }
+    return floats_usable;
+}
+
 /* The forward's weight as a row's write pass reads it (rms_row_weight),
    as prepare_forward_weight says (kernels.h); floats only for 16-bit x,
    and for float32 x with an offset where fused multiply-adds exist. */
@@ -390,14 +436,43 @@ RMS_ALWAYS_INLINE int rms_prepare_forward_weight(rms_kind xk, rms_kind wk, ptrdi
     if (!rms_has_fast16(xk) && !(RMS_HAVE_FMA && xk == RMS_KIND_F32)) {
         floats = NULL; /* a constant: the types without a fast write from floats compile none */
     }
+    if (offset != NULL && rms_offset_in_floats(xk, wk, *offset)) {
+        return floats != NULL && rms_offset_weight_floats(n, w, ws, (float)*offset, floats)
+                   ? RMS_MADE_FLOATS
+                   : 0;
+    }
     if (offset != NULL) {
-        return rms_offset_weight(xk, wk, n, w, ws, *offset, hi, lo, floats) && floats != NULL;
+        const int usable = rms_offset_weight(xk, wk, n, w, ws, *offset, hi, lo, floats);
+        return RMS_MADE_DOUBLES | (usable && floats != NULL ? RMS_MADE_FLOATS : 0);
     }
     if (floats != NULL && rms_has_fast16(xk)) {
         rms_weight_floats(wk, n, w, ws, floats);
     }
-    return 1;
+    return RMS_MADE_FLOATS;
 }
+
+/* rms_prepare_forward_weight of each type, out of line: the kernels'
+   table (kernels.h) takes it, and so do rows with weights or offsets of
+   their own, rather than inline it into every rows loop. */
+typedef int (*rms_prepare_forward_weight_fn)(ptrdiff_t n, const char *w, ptrdiff_t ws,
+                                             const double *offset, double *hi, double *lo,
+                                             float *floats);
+#define RMS_PREPARE_FORWARD_WEIGHT_OF(name, x, weight)                                         \
+    RMS_NOINLINE int rms_prepare_forward_weight_##name(ptrdiff_t n, const char *w,             \
+                                                       ptrdiff_t ws, const double *offset,    \
+                                                       double *hi, double *lo, float *floats) \
+    {                                                                                          \
+        return rms_prepare_forward_weight(RMS_KIND_##x, RMS_KIND_##weight, n, w, ws, offset,   \
+                                          hi, lo, floats);                                     \
+    }
+RMS_FOR_EACH_TYPE(RMS_PREPARE_FORWARD_WEIGHT_OF)
+#define RMS_PREPARE_FORWARD_WEIGHT_ENTRY(name, x, weight)                                      \
+    [RMS_KIND_##x][RMS_KIND_##weight] = rms_prepare_forward_weight_##name,
+/* By x's kind, then the weight's; indexed by constants, a direct call. */
+static const rms_prepare_forward_weight_fn rms_prepare_forward_weight_of[4][4] = {
+    RMS_FOR_EACH_TYPE(RMS_PREPARE_FORWARD_WEIGHT_ENTRY)};
+#undef RMS_PREPARE_FORWARD_WEIGHT_ENTRY
+#undef RMS_PREPARE_FORWARD_WEIGHT_OF
 
 /* Row r's source, as rms_row_source says; with every stride unit_stride
    where that is not 0 (contiguous rows: a constant to the compiler). */
@@ -442,7 +517,7 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
     const rms_inv_forms inv =
-        rms_inv_forms_of(xk, wk, weight.lo != NULL, rms_exact_inv_rms(xk, n, x, xs, eps), 0.0,
+        rms_inv_forms_of(xk, wk, weight.with_offset, rms_exact_inv_rms(xk, n, x, xs, eps), 0.0,
                          0, NULL, RMS_WRITE_DOUBLE_OUT_OF_LINE);
     const int whole_row = unsure->count > RMS_UNSURE_BLOCKS;
     const ptrdiff_t blocks = whole_row ? (n + RMS_VF_WIDTH - 1) / RMS_VF_WIDTH : unsure->count;
@@ -468,10 +543,18 @@ RMS_ALWAYS_INLINE void rms_prepare_row_weight(rms_kind xk, rms_kind wk,
         const char *at = rms_element(p->weight_offset, r, p->weight_offset_stride);
         offset = rms_load_scalar(RMS_KIND_F64, at);
     }
-    const int usable = rms_prepare_forward_weight(xk, wk, p->n, w->data, w->stride,
-                                                  with_offset ? &offset : NULL, scratch->hi,
-                                                  scratch->lo, scratch->floats);
-    w->floats = usable ? scratch->floats : NULL;
+    /* one row's pair is made in its blocks (rms_offset_in_floats); the
+       stride is p's, w's own value but not a constant, or the compiler
+       makes a second copy of the function for it */
+    const int made = with_offset && rms_offset_in_floats(xk, wk, offset)
+                         ? 0
+                         : rms_prepare_forward_weight_of[xk][wk](
+                               p->n, w->data, p->weight.stride, with_offset ? &offset : NULL,
+                               scratch->hi, scratch->lo, scratch->floats);
+    w->offset = offset;
+    w->hi = made & RMS_MADE_DOUBLES ? scratch->hi : NULL;
+    w->lo = made & RMS_MADE_DOUBLES ? scratch->lo : NULL;
+    w->floats = made & RMS_MADE_FLOATS ? scratch->floats : NULL;
     w->floats_lo = xk == RMS_KIND_F32 && w->floats != NULL ? w->floats + p->n : NULL;
 }
 
@@ -530,8 +613,7 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_contiguous_row(
         next.ahead_x = after_next.x;
         next.ahead_residual = after_next.residual;
     }
-    rms_row_weight unit_w = *w;
-    unit_w.stride = rms_kind_size(wk);
+    const rms_row_weight unit_w = rms_weight_known(wk, w);
     rms_unsure_blocks unsure;
     unsure.count = 0;
     sums = rms_forward_row(xk, wk, with_residual, p->n, &src, &unit_w, eps, y, es,
@@ -553,12 +635,32 @@ RMS_ALWAYS_INLINE int rms_rows_are_contiguous(rms_kind xk, rms_kind wk, int with
             (!with_residual || (p->residual.stride == es && p->residual_out.stride == es)));
 }
 
+/* The weight as the driver made it once for the call (weight_prepared),
+   less the row's data; else to be made for each row. */
+RMS_ALWAYS_INLINE rms_row_weight rms_prepared_weight(rms_kind xk, const rms_forward_problem *p)
+{
+    const int with_offset = p->weight_offset != NULL;
+    rms_row_weight w = {.stride = p->weight.stride,
+                        .with_offset = with_offset,
+                        .offset = with_offset && p->weight_prepared
+                                      ? rms_load_scalar(RMS_KIND_F64, p->weight_offset)
+                                      : 0.0,
+                        .hi = p->weight_hi,
+                        .lo = p->weight_lo,
+                        .floats = p->weight_floats,
+                        .least = INFINITY};
+    if (xk == RMS_KIND_F32 && w.floats != NULL) {
+        w.floats_lo = w.floats + p->n; /* the rest of offset + weight follows its floats */
+    }
+    return w;
+}
+
 /*
  * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
  * weight as floats, and with an offset the write takes offset + weight as
- * doubles (rms_prepare_forward_weight): where the driver has not made them
- * once for the call, rows have weights or offsets of their own, and each
- * row's are made here. Where the floats' memory cannot be had, rows go in
+ * doubles or floats (rms_prepare_forward_weight): where the driver has not
+ * made them once for the call, rows have weights or offsets of their own,
+ * and each row's are made here. Where the floats' memory cannot be had, rows go in
  * double; returns 0, or, where an offset's 2n doubles cannot be had, the
  * bytes asked for, having written nothing.
  */
@@ -571,11 +673,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         return 0;
     }
     const int with_offset = p->weight_offset != NULL;
-    rms_row_weight w = {NULL, p->weight.stride, p->weight_hi, p->weight_lo, p->weight_floats,
-                        NULL, INFINITY};
-    if (xk == RMS_KIND_F32 && w.floats != NULL) {
-        w.floats_lo = w.floats + n; /* the rest of offset + weight follows its floats */
-    }
+    rms_row_weight w = rms_prepared_weight(xk, p);
     rms_forward_weight_scratch scratch = {NULL, NULL, NULL, NULL};
     if (!p->weight_prepared) {
         const size_t failed_bytes = rms_forward_weight_scratch_alloc(
@@ -583,13 +681,11 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         if (failed_bytes != 0) {
             return failed_bytes;
         }
-        w.hi = scratch.hi;
-        w.lo = scratch.lo;
     }
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const int contiguous = rms_rows_are_contiguous(xk, wk, with_residual, p);
     if (contiguous) {
-        w.stride = rms_kind_size(wk); /* a constant */
+        w = rms_weight_known(wk, &w);
     }
     rms_row_sums sums = {{0.0, 0.0}, INFINITY};
     if (contiguous) {

@@ -61,28 +61,63 @@ RMS_ALWAYS_INLINE int rms_can_stream(int stream, const char *out, ptrdiff_t stri
 /* The weight as a row's write pass reads it: as stored, or with an offset
    as doubles hi + lo, offset + weight exactly; and as floats for the fast
    writes: for the 16-bit one, and for float32's with an offset, which
-   takes offset + weight as floats + floats_lo. */
+   takes offset + weight as floats + floats_lo. Where those two floats are
+   exactly offset + weight (rms_offset_in_floats), the doubles are not made
+   for the row, and its blocks in double make their own. */
 typedef struct {
     const char *data; /* as stored */
     ptrdiff_t stride;
-    const double *hi, *lo; /* with an offset; else NULL */
+    int with_offset;
+    double offset;
+    const double *hi, *lo; /* with an offset, where made; else NULL */
     const float *floats;   /* NULL where the fast write from floats is not to be used */
     const float *floats_lo; /* float32 x with an offset; else NULL */
     double least; /* float64's: the least nonzero magnitude of the weight (of hi with an
                      offset), +inf where there is none (rms_forward_row) */
 } rms_row_weight;
 
+/* The weight as the loops of contiguous rows read it: a local copy, its
+   stride the element's size, a constant (rms_source_known says why). */
+RMS_ALWAYS_INLINE rms_row_weight rms_weight_known(rms_kind wk, const rms_row_weight *w)
+{
+    rms_row_weight known = *w;
+    known.stride = rms_kind_size(wk);
+    return known;
+}
+
 /* Whether a write mode is a fast path, which may be unsure of a block and
    leave it to the double write. */
 RMS_ALWAYS_INLINE int rms_mode_is_fast(rms_write_mode mode)
 {
-    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT || mode == RMS_WRITE_OFFSET32;
+    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT || mode == RMS_WRITE_OFFSET32 ||
+           mode == RMS_WRITE_OFFSET32_IN_BLOCKS;
 }
 
 /* Whether a write mode's unsure blocks can wait for the end of the step. */
 RMS_ALWAYS_INLINE int rms_mode_may_defer(rms_write_mode mode)
 {
     return mode == RMS_WRITE_FAST16;
+}
+
+/* A block with an offset written in double, out of line: from the row's
+   doubles hi + lo, or from doubles made for the block where the row has
+   none (rms_offset_in_floats). Its operands come by value: the address of
+   the write loop's weight or inv_rms would keep them in memory, and their
+   fields be loaded again at every block (the float64 forward at 4096x8192
+   took 8% longer). */
+RMS_NOINLINE int rms_forward_block_double_offset_of(rms_kind xk, const char *x, ptrdiff_t xs,
+                                                    const char *w, ptrdiff_t ws, double offset,
+                                                    const double *hi, const double *lo,
+                                                    char *y, ptrdiff_t ys, ptrdiff_t count,
+                                                    rms_dd inv_rms, double sum_error,
+                                                    int check_underflow, int stream)
+{
+    if (RMS_OFFSET_IN_FLOATS(xk, RMS_KIND_F32) && lo == NULL) {
+        return rms_forward_block_double_offset_made(x, xs, w, ws, offset, y, ys, count, inv_rms,
+                                                    sum_error, check_underflow, stream);
+    }
+    return rms_forward_block_double_offset[xk](x, xs, (const char *)hi, 8, lo, y, ys, count,
+                                               inv_rms, sum_error, check_underflow, stream);
 }
 
 /* One block of the forward, the way mode says. Returns 0, having written
@@ -100,6 +135,11 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
     }
     if (mode == RMS_WRITE_FLOAT && rms_forward_block_float(xk, wk, x, xs, w_at, w->stride,
                                                           NULL, y, ys, count, inv, stream)) {
+        return 1;
+    }
+    if (mode == RMS_WRITE_OFFSET32_IN_BLOCKS && RMS_OFFSET_IN_FLOATS(xk, wk) &&
+        rms_forward_block_float_offset(xk, x, xs, w_at, w->stride, (float)w->offset, y, ys,
+                                       count, inv, stream)) {
         return 1;
     }
     if (mode == RMS_WRITE_OFFSET32 &&
@@ -121,10 +161,11 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
         sure = rms_forward_block_double(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count,
                                         inv->dd, 0.0, 0, stream);
     }
-    else if (mode != RMS_WRITE_FLOAT && w->lo != NULL) { /* float rows have no offset */
-        sure = rms_forward_block_double_offset[xk](
-            x, xs, (const char *)(w->hi + at), 8, w->lo + at, y, ys, count, inv->dd,
-            inv->sum_error, inv->near_underflow, stream);
+    else if (mode != RMS_WRITE_FLOAT && w->with_offset) { /* float rows have no offset */
+        sure = rms_forward_block_double_offset_of(
+            xk, x, xs, w_at, w->stride, w->offset, w->lo != NULL ? w->hi + at : NULL,
+            w->lo != NULL ? w->lo + at : NULL, y, ys, count, inv->dd, inv->sum_error,
+            inv->near_underflow, stream);
     }
     else {
         sure = rms_forward_block_double_out_of_line[xk][wk](
@@ -523,12 +564,9 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(rms_kind xk, rms_kind wk, rms_w
     const rms_row_source row_known = rms_source_known(xk, row_source);
     const rms_row_source next_known = rms_source_known(xk, next_source);
     const rms_row_source *row = &row_known, *next = &next_known;
-    rms_row_weight w_known = *weight;
-    if (!RMS_STRIDED_ROWS) {
-        w_known.stride = rms_kind_size(wk);
-    }
+    const rms_row_weight w_known = RMS_STRIDED_ROWS ? *weight : rms_weight_known(wk, weight);
     const rms_row_weight *w = &w_known;
-    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->lo != NULL, inv_rms, sum_error,
+    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->with_offset, inv_rms, sum_error,
                                                near_underflow, unsure, mode);
     const ptrdiff_t size = rms_kind_size(xk);
     const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);

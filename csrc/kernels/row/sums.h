@@ -79,6 +79,15 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_two_sum(rms_vd a, rms_vd b, rms_vd *err)
     return s;
 }
 
+/* The same in float: exact where s is finite. */
+RMS_ALWAYS_INLINE rms_vf rms_vf_two_sum(rms_vf a, rms_vf b, rms_vf *err)
+{
+    const rms_vf s = rms_vf_add(a, b);
+    const rms_vf b_virtual = rms_vf_sub(s, a);
+    *err = rms_vf_add(rms_vf_sub(a, rms_vf_sub(s, b_virtual)), rms_vf_sub(b, b_virtual));
+    return s;
+}
+
 /* The first `count` lanes summed in a fixed order: pairwise, as
    rms_dd_sum_lanes adds them, exactly where the lanes are compensated sums
    (float64's squares, or a product with one), else in plain double, whose
