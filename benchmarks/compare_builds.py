@@ -1,7 +1,7 @@
 """Two builds of the kernels side by side: is a change faster or slower?
 
     python benchmarks/compare_builds.py OTHER_CORE_SO [--repeats N] [--fused]
-        [--dtypes D,...] [--shapes ROWSxN,...] [--threads T]
+        [--offset OFFSET] [--dtypes D,...] [--shapes ROWSxN,...] [--threads T]
 
 OTHER_CORE_SO is the ``rmsnorm/_core*.so`` of another build, for example one
 of an older commit made with ``git worktree add /tmp/old COMMIT`` and
@@ -12,7 +12,9 @@ builds, interleaved repeat by repeat (in reverse order every other repeat),
 with ``np.copyto`` of the same bytes (one thread): the ratios are of one run,
 on the same arrays, so machine noise hits both builds alike. With
 ``--fused``, the fused residual add's gufuncs instead: ``add_forward``
-(``out=(y, h)``, h an array of its own) and ``add_backward``.
+(``out=(y, h)``, h an array of its own) and ``add_backward``. With
+``--offset``, the gufuncs that take a weight offset (``forward_offset``
+and the rest), with that one; ``--shapes 1x4096`` times a single row's path.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ def load_other(path: Path):
     return module
 
 
-def time_shape(other, rows: int, n: int, dtype, repeats: int, fused: bool) -> dict:
+def time_shape(other, rows: int, n: int, dtype, repeats: int, fused: bool,
+               offset: float | None = None) -> dict:
     """Median seconds of the copy and of each build's forward and backward
-    (with fused, add_forward and add_backward)."""
+    (with fused, add_forward and add_backward; with an offset, the
+    gufuncs that take one)."""
     rng = np.random.default_rng(0)
     x, dy, residual, dh = (page_aligned(rng.standard_normal((rows, n)).astype(dtype))
                            for _ in range(4))
@@ -55,14 +59,18 @@ def time_shape(other, rows: int, n: int, dtype, repeats: int, fused: bool) -> di
     y, h, dx, scratch = (at_page_offset(x.shape, dtype, 0) for _ in range(4))
     dw = at_page_offset(w.shape, dtype, 0)
     candidates = {"copy": lambda: np.copyto(scratch, x)}
+    suffix, factor = ("", ()) if offset is None else ("_offset", (np.float64(offset),))
     for name, build in (("this", rmsnorm), ("other", other)):
         if fused:
-            candidates[f"fwd {name}"] = partial(build.add_forward, x, residual, w, eps, out=(y, h))
-            candidates[f"bwd {name}"] = partial(build.add_backward, dy, dh, x, w, eps,
-                                                out=(dx, dw))
+            candidates[f"fwd {name}"] = partial(getattr(build, "add_forward" + suffix), x,
+                                                residual, w, *factor, eps, out=(y, h))
+            candidates[f"bwd {name}"] = partial(getattr(build, "add_backward" + suffix), dy, dh,
+                                                x, w, *factor, eps, out=(dx, dw))
         else:
-            candidates[f"fwd {name}"] = partial(build.forward, x, w, eps, out=y)
-            candidates[f"bwd {name}"] = partial(build.backward, dy, x, w, eps, out=(dx, dw))
+            candidates[f"fwd {name}"] = partial(getattr(build, "forward" + suffix), x, w,
+                                                *factor, eps, out=y)
+            candidates[f"bwd {name}"] = partial(getattr(build, "backward" + suffix), dy, x, w,
+                                                *factor, eps, out=(dx, dw))
     for fn in candidates.values():  # warm-up
         sample_seconds(fn, 0.01)
     samples = {name: [] for name in candidates}
@@ -83,6 +91,8 @@ def main(argv=None) -> int:
                         help=f"comma-separated dtypes (default {','.join(DTYPES)})")
     parser.add_argument("--fused", action="store_true",
                         help="time add_forward and add_backward instead")
+    parser.add_argument("--offset", type=float, default=None,
+                        help="time the gufuncs that take a weight offset, with this one")
     parser.add_argument("--shapes", default=",".join(f"{r}x{n}" for r, n in SHAPES),
                         help="comma-separated ROWSxN shapes (default the benchmark's)")
     parser.add_argument("--threads", type=int, default=1,
@@ -96,13 +106,14 @@ def main(argv=None) -> int:
     rmsnorm.set_num_threads(args.threads)
     other.set_num_threads(args.threads)
     print(f"this build: {rmsnorm._core.__file__}\nother build: {args.other}\n"
-          f"threads: {args.threads}\n")
+          f"threads: {args.threads}"
+          + ("" if args.offset is None else f", weight offset {args.offset}") + "\n")
     fwd, bwd = ("add_forward", "add_backward") if args.fused else ("fwd", "bwd")
     print(f"| shape | dtype | {fwd} / copy: this | other | {bwd} / copy: this | other |")
     print("| --- | --- | --- | --- | --- | --- |")
     for rows, n in shapes:
         for dtype in dtypes:
-            t = time_shape(other, rows, n, dtype, args.repeats, args.fused)
+            t = time_shape(other, rows, n, dtype, args.repeats, args.fused, args.offset)
             c = t["copy"]
             print(f"| {rows}x{n} | {dtype.name} | {t['fwd this'] / c:.2f} "
                   f"| {t['fwd other'] / c:.2f} | {t['bwd this'] / c:.2f} "
