@@ -131,15 +131,16 @@ static inline size_t rms_forward_weight_scratch_alloc(rms_forward_weight_scratch
     if (floats_bytes + offset_bytes == 0) {
         return 0;
     }
-    /* on a vector's boundary: a vector load or store across two cache lines
-       costs two (the float32 write from floats took a sixth longer) */
+    /* on a cache line: the fast writes load these a vector at a time, and
+       a vector across two lines costs two loads (profiled, the pass that
+       made them spent most of its time in such stores) */
     const size_t bytes = offset_bytes + floats_bytes;
     scratch->memory = aligned_alloc(64, bytes + (64 - bytes % 64) % 64);
     if (scratch->memory == NULL) {
         return offset_bytes > 0 ? offset_bytes + floats_bytes : 0;
     }
     if (with_doubles) {
-        scratch->hi = (double *)(void *)scratch->memory; /* first: malloc aligns for doubles */
+        scratch->hi = (double *)(void *)scratch->memory; /* first: aligned for doubles */
         scratch->lo = scratch->hi + n;
     }
     if (floats_per_element > 0) {

@@ -213,13 +213,13 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row_plainly(rms_kind xk, rms_kind wk,
 }
 
 /* rms_forward_row_plainly out of line, for one mode:
-   rms_forward_row_in_double for the rows above, and rms_forward_row_offset_in_blocks for float32
-   rows whose offset + weight their blocks make
-   (rms_forward_block_float_offset): a call's only row, or rows with weights
-   or offsets of their own, where a pair made for the row would be read
-   once. A write loop inlined for these too would add to the float32
-   kernels' machine code for rows that have no next row to reduce in their
-   write. */
+   rms_forward_row_in_double for the rows above, and
+   rms_forward_row_offset_in_blocks for float32 rows whose offset + weight
+   their blocks make (rms_forward_block_float_offset): a call's only row,
+   or rows with weights or offsets of their own, where a pair made for the
+   row would be read once. A write loop inlined for these too would add to
+   the float32 kernels' machine code for rows that have no next row to
+   reduce in their write. */
 #define RMS_FORWARD_ROW_PLAINLY_IN(name, mode)                                                 \
     RMS_NOINLINE rms_row_sums rms_forward_row_##name(                                          \
         rms_kind xk, rms_kind wk, int with_residual, ptrdiff_t n, const rms_row_source *row,   \
@@ -660,9 +660,9 @@ RMS_ALWAYS_INLINE rms_row_weight rms_prepared_weight(rms_kind xk, const rms_forw
  * weight as floats, and with an offset the write takes offset + weight as
  * doubles or floats (rms_prepare_forward_weight): where the driver has not
  * made them once for the call, rows have weights or offsets of their own,
- * and each row's are made here. Where the floats' memory cannot be had, rows go in
- * double; returns 0, or, where an offset's 2n doubles cannot be had, the
- * bytes asked for, having written nothing.
+ * and each row's are made here. Where the floats' memory cannot be had,
+ * rows go in double; returns 0, or, where an offset's 2n doubles cannot be
+ * had, the bytes asked for, having written nothing.
  */
 RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
                                              int remade, const rms_forward_problem *p,
