@@ -364,14 +364,28 @@ def _weights_a_hair_from_midpoints(x, eps, offset, rng):
     return (midpoint / u - offset).astype(np.float32)
 
 
+def _four_rows_a_call(x, w, offset, eps):
+    """Each row as a call of four copies sharing its weight: the copies must
+    be the same bytes, and the first is returned."""
+    ys = []
+    for r in range(len(x)):
+        y = rmsnorm.forward_offset(np.repeat(x[r : r + 1], 4, axis=0), w[r], offset, eps[r])
+        assert np.all(y.view(np.uint32) == y[:1].view(np.uint32)), f"row {r}'s copies differ"
+        ys.append(y[0])
+    return np.stack(ys)
+
+
 # How the rows reach the kernels: in one call, each row with a weight of its
-# own, or a call a row. Where the offset is a float, the kernels' blocks add
-# it to the weight themselves either way (one row's, or each row's, is read
-# once); 0.1 is made into doubles for each row.
+# own; a call a row; or a call of a few rows sharing a weight. Where the
+# offset is a float, the kernels' blocks add it to the weight themselves in
+# each (a call of 8 rows or more sharing one has it made once, as the
+# random rows of test_forward_is_the_exact_result_rounded_once do); 0.1 is
+# made into doubles for each row, or once.
 HAIR_CALLS = {
     "one-call": lambda x, w, offset, eps: rmsnorm.forward_offset(x, w, offset, eps),
     "a-call-a-row": lambda x, w, offset, eps: np.stack(
         [rmsnorm.forward_offset(x[r], w[r], offset, eps[r]) for r in range(len(x))]),
+    "four-rows-a-call": _four_rows_a_call,
 }
 
 

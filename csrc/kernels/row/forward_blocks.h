@@ -186,13 +186,23 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const ch
     return rms_forward_block_float_of(xk, xv, wv, &w_lo_v, y, ys, count, inv, stream);
 }
 
+/* offset + weight for one block of the float32 weight, where the offset is
+   a float: floats hi, returned, and *lo, whose sum is exactly it. */
+RMS_ALWAYS_INLINE rms_vf rms_offset_weight_floats_block(const char *w, ptrdiff_t ws,
+                                                        ptrdiff_t count, float offset,
+                                                        rms_vf *lo)
+{
+    return rms_vf_two_sum(rms_vf_set(offset), rms_load_floats(RMS_KIND_F32, w, ws, count), lo);
+}
+
 /* The block with offset + weight made here, from the float32 weight and
    an offset that is a float, as a float two-sum: floats hi + lo, exactly
    offset + weight (the bound above counts 2^-48 for a pair made with
    error). Where hi is not finite, its lanes are NaN, and the block goes in
-   double. For rows whose pair was not made for the call (a single row, or
-   rows with weights or offsets of their own): making it, a pass over the
-   weight, and reading it back cost a row of 4096 more than this does. */
+   double. For rows whose pair was not made for the call (a call of a few
+   rows, or rows with weights or offsets of their own): making it, a pass
+   over the weight, and reading it back cost a row of 4096 more than this
+   does. */
 RMS_ALWAYS_INLINE int rms_forward_block_float_offset(rms_kind xk, const char *x, ptrdiff_t xs,
                                                      const char *w, ptrdiff_t ws, float offset,
                                                      char *y, ptrdiff_t ys, ptrdiff_t count,
@@ -200,8 +210,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_float_offset(rms_kind xk, const char *x,
 {
     const rms_vf xv = rms_load_floats(xk, x, xs, count);
     rms_vf lo;
-    const rms_vf hi =
-        rms_vf_two_sum(rms_vf_set(offset), rms_load_floats(RMS_KIND_F32, w, ws, count), &lo);
+    const rms_vf hi = rms_offset_weight_floats_block(w, ws, count, offset, &lo);
     return rms_forward_block_float_of(xk, xv, hi, &lo, y, ys, count, inv, stream);
 }
 
