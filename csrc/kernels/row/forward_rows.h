@@ -164,7 +164,7 @@ RMS_ALWAYS_INLINE int rms_row_may_go_near_underflow(rms_kind xk, ptrdiff_t n, co
     if (xk != RMS_KIND_F64 || !(inv_rms > 0.0) || isinf(inv_rms)) {
         return 0;
     }
-    const double least = least_square > 0.0 ? sqrt(least_square) : rms_least_nonzero(xk, n, x, xs);
+    const double least = least_square > 0.0 ? sqrt(least_square) : rms_least_nonzero(n, x, xs);
     return !(least * inv_rms * (w->least < 1.0 ? w->least : 1.0) >= RMS_NEAR_UNDERFLOW);
 }
 
@@ -576,14 +576,14 @@ RMS_ALWAYS_INLINE void rms_prepare_row_weight(rms_kind xk, rms_kind wk,
 /* float64's w->least (rms_row_may_go_near_underflow): once for a weight
    that rows share, else for each row's; *least_of is the weight it was
    found for. */
-RMS_ALWAYS_INLINE void rms_find_least_weight(rms_kind wk, const rms_forward_problem *p,
-                                             rms_row_weight *w, const char **least_of)
+RMS_ALWAYS_INLINE void rms_find_least_weight(const rms_forward_problem *p, rms_row_weight *w,
+                                             const char **least_of)
 {
     const int with_offset = p->weight_offset != NULL;
     const char *weight = with_offset ? (const char *)w->hi : w->data;
     if (weight != *least_of || (with_offset && !p->weight_prepared)) {
-        w->least = with_offset ? rms_least_nonzero(RMS_KIND_F64, p->n, weight, 8)
-                               : rms_least_nonzero(wk, p->n, weight, w->stride);
+        /* a float64 weight: float64 x's only (types.h) */
+        w->least = rms_least_nonzero(p->n, weight, with_offset ? 8 : w->stride);
         *least_of = weight;
     }
 }
@@ -717,7 +717,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
             rms_prepare_row_weight(xk, wk, p, r, &scratch, &w);
         }
         if (xk == RMS_KIND_F64) {
-            rms_find_least_weight(wk, p, &w, &least_of);
+            rms_find_least_weight(p, &w, &least_of);
         }
         if (RMS_STRIDED_ROWS && !contiguous) {
             rms_forward_strided_row(xk, wk, with_residual, p, r, &w, eps, y);
