@@ -4,12 +4,14 @@
  * element type (types.h). The kernels themselves are in row/, one idea a
  * file, each using the ones included before it:
  *
- *   blocks.h          elements and blocks: loads, stores, gathers, scatters
- *   sums.h            the lanes of sums, their total, inv_rms's range
- *   forward_blocks.h  one block of y, rounded once, and why it is exact
- *   forward_write.h   a row's write pass, with the next row's reduction
- *   forward_rows.h    each row's inv_rms and write mode, the rows loop
- *   backward.h        the backward's plans, write passes and rows loops
+ *   blocks.h            elements and blocks: loads, stores, gathers, scatters
+ *   sums.h              the lanes of sums, their total, inv_rms's range
+ *   forward_blocks.h    one block of y, rounded once, and why it is exact
+ *   forward_write.h     a row's write pass, with the next row's reduction
+ *   forward_rows.h      each row's inv_rms and write mode, the rows loop
+ *   backward_blocks.h   the backward's operands, one block of its write
+ *   backward_extreme.h  its rare rows, out of line
+ *   backward.h          each row's plan and write pass, the rows loops
  *
  * Functions that depend on an element type take the storage kind of x
  * (xk), and of the weight (wk) where they need it, as arguments. They are
@@ -68,6 +70,8 @@
 #include "row/forward_blocks.h"
 #include "row/forward_write.h"
 #include "row/forward_rows.h"
+#include "row/backward_blocks.h"
+#include "row/backward_extreme.h"
 #include "row/backward.h"
 
 /* ---- one table entry per type ------------------------------------------- */
