@@ -1,10 +1,10 @@
 /*
  * The RMSNorm row kernels, written once against the vector vocabulary of
- * simd/vec_*.h and compiled by each isa_*.c into one table of kernels per
- * element type (types.h). The kernels themselves are in row/, one idea a
- * file, each using the ones included before it:
+ * simd/vec_*.h, and its moves of blocks in any kind and stride
+ * (simd/blocks.h), and compiled by each isa_*.c into one table of kernels
+ * per element type (types.h). The kernels themselves are in row/, one idea
+ * a file, each using the ones included before it:
  *
- *   blocks.h            elements and blocks: loads, stores, gathers, scatters
  *   sums.h              the lanes of sums, their total, inv_rms's range
  *   forward_blocks.h    one block of y, rounded once, and why it is exact
  *   forward_write.h     a row's write pass, with the next row's reduction
@@ -64,8 +64,9 @@
    more would not fit in the registers. */
 #define RMS_DOT_LANES (RMS_LANES / 2)
 
+#include "simd/blocks.h"
+
 /* In the order each needs the ones before it. */
-#include "row/blocks.h"
 #include "row/sums.h"
 #include "row/forward_blocks.h"
 #include "row/forward_write.h"
@@ -76,11 +77,22 @@
 
 /* ---- one table entry per type ------------------------------------------- */
 
+/* The forward's entry runs one rows loop of three, without a residual,
+   with one, or with one whose residual_out the write pass makes again
+   (rms_remakes_residual_out): a constant each, since a test in the
+   reduction pass costs the plain forward registers in its hottest loop. */
+
 #define RMS_ROW_KERNELS(name, x, weight)                                                   \
     static size_t forward_rows_##name(const rms_forward_problem *p, ptrdiff_t row_begin,   \
                                       ptrdiff_t row_end)                                   \
     {                                                                                      \
-        return rms_forward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end);   \
+        const rms_kind xk = RMS_KIND_##x, wk = RMS_KIND_##weight;                          \
+        if (p->residual.data == NULL) {                                                    \
+            return rms_forward_rows_of(xk, wk, 0, 0, p, row_begin, row_end);               \
+        }                                                                                  \
+        return rms_remakes_residual_out(xk, p)                                             \
+                   ? rms_forward_rows_of(xk, wk, 1, 1, p, row_begin, row_end)              \
+                   : rms_forward_rows_of(xk, wk, 1, 0, p, row_begin, row_end);             \
     }                                                                                      \
     static void backward_rows_##name(const rms_backward_problem *p, ptrdiff_t row_begin,   \
                                      ptrdiff_t row_end, const double *weight,              \

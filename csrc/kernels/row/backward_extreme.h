@@ -9,10 +9,11 @@
 
 /*
  * The backward of a row whose inv_rms r is infinite (mean(x^2) + eps is
- * exactly 0, or 1 / rms passes DBL_MAX): torch's composite gradient taken term by term, g w r - (r^3 /
- * n) sum(g w x) x, each term inf or NaN, and NaN where the two oppose,
- * which no finite rearrangement of the usual formula gives. grad_weight
- * gains g x r. Rare enough to take the kinds at run time, out of line.
+ * exactly 0, or 1 / rms passes DBL_MAX): torch's composite gradient taken
+ * term by term, g w r - (r^3 / n) sum(g w x) x, each term inf or NaN, and
+ * NaN where the two oppose, which no finite rearrangement of the usual
+ * formula gives. grad_weight gains g x r. Rare enough to take the kinds at
+ * run time, out of line.
  */
 RMS_NOINLINE void rms_backward_row_unbounded(rms_kind xk, ptrdiff_t n,
                                              rms_backward_row_operands operands, double sum_g_x)

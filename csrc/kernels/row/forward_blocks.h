@@ -112,9 +112,10 @@ RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int w
 }
 
 /*
- * y = x * inv_rms * weight for one block of float32, rounded once; returns 0,
- * having written nothing, where it cannot be sure of that, and the caller
- * writes the block in double.
+ * y = x * inv_rms * weight for one block of float32, rounded once, from
+ * the block's x and weight as floats, xv and wv; returns 0, having written
+ * nothing, where it cannot be sure of that, and the caller writes the
+ * block in double.
  *
  * Converting every element to double and back costs more than the
  * arithmetic, so where fused multiply-adds exist the block is worked in
@@ -144,10 +145,10 @@ RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int w
  * Where x or w is 0, e is 0 and S - e keeps the zero's sign: written
  * below, y = 0 carries sign(x) * sign(w), as x * inv_rms * w does in torch.
  */
-RMS_ALWAYS_INLINE int rms_forward_block_float_of(rms_kind xk, rms_vf xv, rms_vf wv,
-                                                 const rms_vf *w_lo, char *y, ptrdiff_t ys,
-                                                 ptrdiff_t count, const rms_inv_forms *inv,
-                                                 int stream)
+RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_vf xv, rms_vf wv,
+                                              const rms_vf *w_lo, char *y, ptrdiff_t ys,
+                                              ptrdiff_t count, const rms_inv_forms *inv,
+                                              int stream)
 {
     const rms_vf u_hi = rms_vf_mul(xv, inv->hi);
     const rms_vf u_lo = rms_vf_fma(xv, inv->lo, rms_vf_product_error(xv, inv->hi, u_hi));
@@ -169,23 +170,6 @@ RMS_ALWAYS_INLINE int rms_forward_block_float_of(rms_kind xk, rms_vf xv, rms_vf 
     return 1;
 }
 
-/* The block from memory: w of kind wk, and where not NULL, w_lo, the
-   floats that offset + weight's floats w leave out. */
-RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_kind wk, const char *x,
-                                              ptrdiff_t xs, const char *w, ptrdiff_t ws,
-                                              const float *w_lo, char *y, ptrdiff_t ys,
-                                              ptrdiff_t count, const rms_inv_forms *inv,
-                                              int stream)
-{
-    const rms_vf xv = rms_load_floats(xk, x, xs, count);
-    const rms_vf wv = rms_load_floats(wk, w, ws, count);
-    if (w_lo == NULL) {
-        return rms_forward_block_float_of(xk, xv, wv, NULL, y, ys, count, inv, stream);
-    }
-    const rms_vf w_lo_v = rms_load_floats(RMS_KIND_F32, (const char *)w_lo, 4, count);
-    return rms_forward_block_float_of(xk, xv, wv, &w_lo_v, y, ys, count, inv, stream);
-}
-
 /* offset + weight for one block of the float32 weight, where the offset is
    a float: floats hi, returned, and *lo, whose sum is exactly it. */
 RMS_ALWAYS_INLINE rms_vf rms_offset_weight_floats_block(const char *w, ptrdiff_t ws,
@@ -193,25 +177,6 @@ RMS_ALWAYS_INLINE rms_vf rms_offset_weight_floats_block(const char *w, ptrdiff_t
                                                         rms_vf *lo)
 {
     return rms_vf_two_sum(rms_vf_set(offset), rms_load_floats(RMS_KIND_F32, w, ws, count), lo);
-}
-
-/* The block with offset + weight made here, from the float32 weight and
-   an offset that is a float, as a float two-sum: floats hi + lo, exactly
-   offset + weight (the bound above counts 2^-48 for a pair made with
-   error). Where hi is not finite, its lanes are NaN, and the block goes in
-   double. For rows whose pair was not made for the call (a call of a few
-   rows, or rows with weights or offsets of their own): making it, a pass
-   over the weight, and reading it back cost a row of 4096 more than this
-   does. */
-RMS_ALWAYS_INLINE int rms_forward_block_float_offset(rms_kind xk, const char *x, ptrdiff_t xs,
-                                                     const char *w, ptrdiff_t ws, float offset,
-                                                     char *y, ptrdiff_t ys, ptrdiff_t count,
-                                                     const rms_inv_forms *inv, int stream)
-{
-    const rms_vf xv = rms_load_floats(xk, x, xs, count);
-    rms_vf lo;
-    const rms_vf hi = rms_offset_weight_floats_block(w, ws, count, offset, &lo);
-    return rms_forward_block_float_of(xk, xv, hi, &lo, y, ys, count, inv, stream);
 }
 
 /*
@@ -391,7 +356,7 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_float_product_times(rms_vd x, rms_vd w, rms_vd i
    (rms_forward_row_exactly); else 1.
    w_lo, where not NULL, holds the part of the weight that w (doubles)
    leaves out: offset + weight is w + w_lo exactly. With check_underflow
-   (float64 rows that may go near underflow, rms_forward_row), a block
+   (float64 rows that may go near underflow, rms_forward_row_plan), a block
    with a lane of x * inv_rms or y below RMS_NEAR_UNDERFLOW is written
    again by rms_forward_block_near_underflow. */
 RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
@@ -528,7 +493,7 @@ static const rms_block_double_fn rms_forward_block_double_offset[4] = {
  * fused multiply-adds make the float write, and an offset that is a float
  * (Gemma's 1). Made once for a call of many rows
  * (rms_offset_weight_floats), else in each block
- * (rms_forward_block_float_offset); offset + weight as doubles is then
+ * (rms_forward_block); offset + weight as doubles is then
  * not made at all, and the rare blocks written in double make their own
  * (rms_forward_block_double_offset_made). Making the doubles too, 24
  * bytes an element, took as long as the write of a row of 4096. The macro

@@ -38,7 +38,7 @@ RMS_NOINLINE rms_row_sums rms_forward_row_extreme(rms_kind wk, int with_residual
 
 /* A remade row's residual_out, written before its write pass: for the
    rare rows whose inv_rms is worked out from the values again
-   (rms_forward_row). */
+   (rms_forward_row_plan). */
 RMS_NOINLINE void rms_write_residual_out(rms_kind xk, ptrdiff_t n, const rms_row_source *row)
 {
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
@@ -106,14 +106,6 @@ RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
     return w->with_offset || isinf(inv_rms.hi) ? RMS_WRITE_DOUBLE_OUT_OF_LINE : RMS_WRITE_DOUBLE;
 }
 
-/* How a row is written: its inv_rms, within sum_error of the one from
-   the exact sum, and its write mode. */
-typedef struct {
-    rms_dd inv_rms;
-    rms_write_mode mode;
-    double sum_error;
-} rms_row_plan;
-
 /*
  * A row's plan from its sum of squares, where that needs no rescale. A
  * plain sum (rms_squares_are_plain) is within rms_sum_error of exact. The
@@ -135,7 +127,7 @@ RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int wit
                                                rms_dd sum_squares, const char *y, ptrdiff_t ys,
                                                int *exact_first)
 {
-    rms_row_plan plan;
+    rms_row_plan plan = {.sum_error = 0.0};
     plan.inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
     plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
     plan.sum_error = 0.0;
@@ -202,19 +194,18 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row_plainly(rms_kind xk, rms_kind wk,
     }
     /* local copies, as rms_forward_write takes them: read through the
        pointers, the offset and strides were loaded again at every block */
-    const rms_row_source known = rms_source_known(xk, row);
+    rms_row_source known = rms_source_known(xk, row);
+    known.remade = 0;
     const rms_row_weight w_known = RMS_STRIDED_ROWS ? *w : rms_weight_known(wk, w);
     const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->with_offset, plan.inv_rms,
                                                plan.sum_error, 0, unsure, mode);
-    const char *x = with_residual ? known.residual_out : known.x;
-    const ptrdiff_t xs = with_residual ? known.residual_out_stride : known.x_stride;
     if (!RMS_STRIDED_ROWS) {
         ys = rms_kind_size(xk);
     }
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        (void)rms_forward_block(xk, wk, mode, rms_element(x, i, xs), xs, &w_known, i,
-                                rms_element_out(y, i, ys), ys, count, &inv, 0, 0);
+        (void)rms_forward_block(xk, wk, mode, with_residual, &known, &w_known, i, y, ys, count,
+                                &inv, 0, 0, 0);
     }
     return rms_reduce_row(xk, with_residual, n, next);
 }
@@ -222,7 +213,7 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row_plainly(rms_kind xk, rms_kind wk,
 /* rms_forward_row_plainly out of line, for one mode:
    rms_forward_row_in_double for the rows above, and
    rms_forward_row_offset_in_blocks for float32 rows whose offset + weight
-   their blocks make (rms_forward_block_float_offset): a call of a few
+   their blocks make (rms_forward_block): a call of a few
    rows, or rows with weights or offsets of their own, where a pair made
    for the row would be read once. A write loop inlined for these too would
    add to the float32 kernels' machine code, and with the next row's
@@ -241,18 +232,106 @@ RMS_FORWARD_ROW_PLAINLY_IN(in_double, RMS_WRITE_DOUBLE_OUT_OF_LINE)
 RMS_FORWARD_ROW_PLAINLY_IN(offset_in_blocks, RMS_WRITE_OFFSET32_IN_BLOCKS)
 #undef RMS_FORWARD_ROW_PLAINLY_IN
 
-/* rms_forward_write in the plan's mode: a constant at each call, so that
-   each write loop is its own code. */
+/* A remade row (float32 only: rms_remakes_residual_out) whose inv_rms is
+   worked out again from its values: its residual_out is written first, for
+   that to read, and its write reads it rather than make it again, since
+   out= may have put it over x or the residual. */
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_remade_row_in_double(
+    rms_kind xk, rms_kind wk, ptrdiff_t n, const rms_row_source *row, const rms_row_weight *w,
+    double eps, char *y, ptrdiff_t ys, rms_dd sum_squares, rms_unsure_blocks *unsure,
+    const rms_row_source *next)
+{
+    rms_write_residual_out(xk, n, row);
+    rms_row_source written = *row;
+    written.remade = 0;
+    const char *x = written.residual_out;
+    const ptrdiff_t xs = written.residual_out_stride;
+    const rms_row_plan plan = {
+        .inv_rms = rms_sum_needs_rescale(sum_squares.hi)
+                       ? rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares))
+                       : rms_exact_inv_rms(xk, n, x, xs, eps),
+        .mode = RMS_WRITE_DOUBLE_OUT_OF_LINE};
+    return rms_forward_row_in_double(xk, wk, 1, n, &written, w, y, ys, plan, unsure, next);
+}
+
+/* One row of the forward's plan: inv_rms from its sum of squares
+   (rms_row_plan_of says how exact), the write mode, and whether a float64
+   write may go near underflow; or the rare rows' own ways. */
+RMS_ALWAYS_INLINE rms_row_plan rms_forward_row_plan(rms_kind xk, rms_kind wk, int with_residual,
+                                                    ptrdiff_t n, const rms_row_source *row,
+                                                    const rms_row_weight *w, double eps,
+                                                    const char *y, ptrdiff_t ys,
+                                                    rms_row_sums sums)
+{
+    /* the row's values in memory: x, or residual_out */
+    const char *x = with_residual ? row->residual_out : row->x;
+    const ptrdiff_t xs = with_residual ? row->residual_out_stride : row->x_stride;
+    const int needs_rescale = rms_sum_needs_rescale(sums.squares.hi);
+    /* rows of a plain kind that need a rescale have an infinity or a NaN,
+       or are 0: no output of theirs is rounded, and their sum's error is
+       left at 0 */
+    rms_row_plan plan = {.mode = RMS_WRITE_DOUBLE};
+    int exact_first = 0;
+    if (!needs_rescale) {
+        plan = rms_row_plan_of(xk, wk, with_residual, n, x, xs, w, eps, sums.squares, y, ys,
+                               &exact_first);
+    }
+    if (with_residual && row->remade && (needs_rescale || exact_first)) {
+        plan.remade_in_double = 1;
+        return plan;
+    }
+    if (needs_rescale) {
+        const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sums.squares);
+        if (xk == RMS_KIND_F64 && !rms_scaled_inv_in_range(scaled)) {
+            plan.extreme = 1;
+            plan.scaled = rms_scaled_inv_normalised(scaled);
+            return plan;
+        }
+        plan.inv_rms = rms_scaled_inv_value(scaled);
+        plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
+    }
+    else if (exact_first) {
+        plan.inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
+        plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
+        plan.sum_error = 0.0;
+    }
+    plan.near_underflow =
+        rms_row_may_go_near_underflow(xk, n, x, xs, w, sums.least_square, plan.inv_rms.hi);
+    if (plan.near_underflow && plan.mode == RMS_WRITE_DOUBLE) {
+        plan.mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
+    }
+    return plan;
+}
+
+/* One row of the forward written as its plan says, and the sums of the
+   next: rms_forward_write in the plan's mode, and whether it reduces the
+   next row, constants at each call, so that each write loop is its own
+   code; or the rare rows' ways, out of line. */
 RMS_ALWAYS_INLINE rms_row_sums rms_forward_write_planned(
     rms_kind xk, rms_kind wk, int with_residual, ptrdiff_t n, const rms_row_source *row,
-    const rms_row_weight *w, char *y, ptrdiff_t ys, int stream, rms_row_plan plan,
-    int near_underflow, rms_unsure_blocks *unsure, const rms_row_source *next)
+    const rms_row_weight *w, double eps, char *y, ptrdiff_t ys, int stream, rms_row_sums sums,
+    rms_row_plan plan, rms_unsure_blocks *unsure, const rms_row_source *next)
 {
-    /* only the out-of-line double write checks for underflow */
+    if (with_residual && plan.remade_in_double) {
+        return rms_forward_remade_row_in_double(xk, wk, n, row, w, eps, y, ys, sums.squares,
+                                                unsure, next);
+    }
+    if (xk == RMS_KIND_F64 && plan.extreme) {
+        const char *x = with_residual ? row->residual_out : row->x;
+        const ptrdiff_t xs = with_residual ? row->residual_out_stride : row->x_stride;
+        return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys, plan.scaled, next);
+    }
+    const ptrdiff_t size = rms_kind_size(xk);
+    const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
+    const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
+    const int reduce = next->x != NULL && (!streamed || next->ahead_x != NULL);
 #define RMS_WRITE_IN(mode)                                                                       \
-    rms_forward_write(xk, wk, mode, with_residual, n, row, w, y, ys, stream, plan.inv_rms,        \
-                      plan.sum_error, mode == RMS_WRITE_DOUBLE_OUT_OF_LINE && near_underflow,     \
-                      unsure, next)
+    (reduce ? rms_forward_write(xk, wk, mode, with_residual, 1, n, row, w, y, ys, head, streamed, \
+                                stream, plan.inv_rms, plan.sum_error, plan.near_underflow,       \
+                                unsure, next)                                                    \
+            : rms_forward_write(xk, wk, mode, with_residual, 0, n, row, w, y, ys, head, streamed, \
+                                stream, plan.inv_rms, plan.sum_error, plan.near_underflow,       \
+                                unsure, next))
     switch (plan.mode) {
     case RMS_WRITE_FAST16:
         return RMS_WRITE_IN(RMS_WRITE_FAST16);
@@ -279,77 +358,6 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write_planned(
     }
 #undef RMS_WRITE_IN
     return rms_forward_row_in_double(xk, wk, with_residual, n, row, w, y, ys, plan, unsure, next);
-}
-
-/* A remade row (float32 only: rms_remakes_residual_out) whose inv_rms is
-   worked out again from its values: its residual_out is written first, for
-   that to read, and its write reads it rather than make it again, since
-   out= may have put it over x or the residual. */
-RMS_ALWAYS_INLINE rms_row_sums rms_forward_remade_row_in_double(
-    rms_kind xk, rms_kind wk, ptrdiff_t n, const rms_row_source *row, const rms_row_weight *w,
-    double eps, char *y, ptrdiff_t ys, rms_dd sum_squares, rms_unsure_blocks *unsure,
-    const rms_row_source *next)
-{
-    rms_write_residual_out(xk, n, row);
-    rms_row_source written = *row;
-    written.remade = 0;
-    const char *x = written.residual_out;
-    const ptrdiff_t xs = written.residual_out_stride;
-    const rms_row_plan plan = {
-        rms_sum_needs_rescale(sum_squares.hi)
-            ? rms_scaled_inv_value(rms_inv_rms_scaled(xk, n, x, xs, eps, sum_squares))
-            : rms_exact_inv_rms(xk, n, x, xs, eps),
-        RMS_WRITE_DOUBLE_OUT_OF_LINE, 0.0};
-    return rms_forward_row_in_double(xk, wk, 1, n, &written, w, y, ys, plan, unsure, next);
-}
-
-/* One row of the forward: inv_rms from its sum of squares (rms_row_plan_of
-   says how exact), then the write. */
-RMS_ALWAYS_INLINE rms_row_sums rms_forward_row(rms_kind xk, rms_kind wk, int with_residual,
-                                               ptrdiff_t n, const rms_row_source *row,
-                                               const rms_row_weight *w, double eps, char *y,
-                                               ptrdiff_t ys, int stream, rms_row_sums sums,
-                                               const rms_row_source *next,
-                                               rms_unsure_blocks *unsure)
-{
-    /* the row's values in memory: x, or residual_out */
-    const char *x = with_residual ? row->residual_out : row->x;
-    const ptrdiff_t xs = with_residual ? row->residual_out_stride : row->x_stride;
-    const int needs_rescale = rms_sum_needs_rescale(sums.squares.hi);
-    /* rows of a plain kind that need a rescale have an infinity or a NaN,
-       or are 0: no output of theirs is rounded, and their sum's error is
-       left at 0 */
-    rms_row_plan plan = {{0.0, 0.0}, RMS_WRITE_DOUBLE, 0.0};
-    int exact_first = 0;
-    if (!needs_rescale) {
-        plan = rms_row_plan_of(xk, wk, with_residual, n, x, xs, w, eps, sums.squares, y, ys,
-                               &exact_first);
-    }
-    if (with_residual && row->remade && (needs_rescale || exact_first)) {
-        return rms_forward_remade_row_in_double(xk, wk, n, row, w, eps, y, ys, sums.squares,
-                                                unsure, next);
-    }
-    if (needs_rescale) {
-        const rms_scaled_inv scaled = rms_inv_rms_scaled(xk, n, x, xs, eps, sums.squares);
-        if (xk == RMS_KIND_F64 && !rms_scaled_inv_in_range(scaled)) {
-            return rms_forward_row_extreme(wk, with_residual, n, x, xs, w, y, ys,
-                                           rms_scaled_inv_normalised(scaled), next);
-        }
-        plan.inv_rms = rms_scaled_inv_value(scaled);
-        plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
-    }
-    else if (exact_first) {
-        plan.inv_rms = rms_exact_inv_rms(xk, n, x, xs, eps);
-        plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
-        plan.sum_error = 0.0;
-    }
-    const int near_underflow =
-        rms_row_may_go_near_underflow(xk, n, x, xs, w, sums.least_square, plan.inv_rms.hi);
-    if (near_underflow && plan.mode == RMS_WRITE_DOUBLE) {
-        plan.mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
-    }
-    return rms_forward_write_planned(xk, wk, with_residual, n, row, w, y, ys, stream, plan,
-                                     near_underflow, unsure, next);
 }
 
 /* The weight as floats, for the fast 16-bit write. */
@@ -508,7 +516,7 @@ RMS_ALWAYS_INLINE rms_row_source rms_source_of(const rms_forward_problem *p, int
 /* Writes the blocks of row r that unsure notes again, in double, from the
    exact sum of the row's values in memory: x, or residual_out, all written by
    now; or the whole row, where unsure could not hold them all. For the
-   rows whose plain sum left an output undecided (rms_forward_row); out of
+   rows whose plain sum left an output undecided (rms_forward_row_plan); out of
    line, as they are rare: 11 in 4096 rows of 8192 normal float32 values,
    39 in 512 rows of 65536, none in 4096 rows of 4096 float16 or bfloat16
    ones. The rows loop calls it after the row's write, and it makes the
@@ -539,8 +547,8 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
     for (ptrdiff_t b = 0; b < blocks; b++) {
         const ptrdiff_t at = whole_row ? b * RMS_VF_WIDTH : unsure->at[b];
         const ptrdiff_t count = n - at < RMS_VF_WIDTH ? n - at : RMS_VF_WIDTH;
-        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, rms_element(x, at, xs), xs,
-                                &weight, at, rms_element_out(y, at, ys), ys, count, &inv, 0, 0);
+        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, &row,
+                                &weight, at, y, ys, count, &inv, 0, 0, 0);
     }
 }
 
@@ -600,24 +608,23 @@ RMS_ALWAYS_INLINE void rms_forward_strided_row(rms_kind xk, rms_kind wk, int wit
     none.x = NULL;
     rms_unsure_blocks unsure;
     unsure.count = 0;
-    rms_forward_row(xk, wk, with_residual, p->n, &src, w, eps, y, p->y.stride, 0,
-                    rms_reduce_row(xk, with_residual, p->n, &src), &none, &unsure);
+    const rms_row_sums sums = rms_reduce_row(xk, with_residual, p->n, &src);
+    const rms_row_plan plan =
+        rms_forward_row_plan(xk, wk, with_residual, p->n, &src, w, eps, y, p->y.stride, sums);
+    rms_forward_write_planned(xk, wk, with_residual, p->n, &src, w, eps, y, p->y.stride, 0, sums,
+                              plan, &unsure, &none);
     if (rms_squares_are_plain(xk) && unsure.count > 0) {
         rms_forward_row_exactly(xk, wk, with_residual, p, r, 0, *w, &unsure);
     }
 }
 
-/* Row r of contiguous rows, whose sums of squares are in sums: written,
-   with the next row's reduction in its write, whose sums it returns. The
-   strides are the elements' sizes, constants: each block is one vector
-   load or store. */
-RMS_ALWAYS_INLINE rms_row_sums rms_forward_contiguous_row(
-    rms_kind xk, rms_kind wk, int with_residual, int remade, const rms_forward_problem *p,
-    ptrdiff_t r, ptrdiff_t row_end, const rms_row_weight *w, double eps, char *y,
-    rms_row_sums sums)
+/* The row after row r of contiguous rows, as its write pass reduces it:
+   no row (x NULL) after the chunk's last; where the output is streamed,
+   with the row after it to ask for (rms_forward_write). */
+RMS_ALWAYS_INLINE rms_row_source rms_next_source(const rms_forward_problem *p, int with_residual,
+                                                 int remade, ptrdiff_t r, ptrdiff_t row_end,
+                                                 ptrdiff_t es)
 {
-    const ptrdiff_t es = rms_kind_size(xk);
-    const rms_row_source src = rms_source_of(p, with_residual, remade, r, es);
     rms_row_source next =
         rms_source_of(p, with_residual, remade, r + 1 < row_end ? r + 1 : r, es);
     if (r + 1 == row_end) {
@@ -628,15 +635,7 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_contiguous_row(
         next.ahead_x = after_next.x;
         next.ahead_residual = after_next.residual;
     }
-    const rms_row_weight unit_w = rms_weight_known(wk, w);
-    rms_unsure_blocks unsure;
-    unsure.count = 0;
-    sums = rms_forward_row(xk, wk, with_residual, p->n, &src, &unit_w, eps, y, es,
-                           p->stream_output, sums, &next, &unsure);
-    if (rms_squares_are_plain(xk) && unsure.count > 0) {
-        rms_forward_row_exactly(xk, wk, with_residual, p, r, es, unit_w, &unsure);
-    }
-    return sums;
+    return next;
 }
 
 /* Whether the rows' strides are their elements' sizes: always (kernels.h),
@@ -670,6 +669,19 @@ RMS_ALWAYS_INLINE rms_row_weight rms_prepared_weight(rms_kind xk, const rms_forw
     return w;
 }
 
+/* Scratch for each row's weight (rms_prepare_row_weight), where the
+   driver has not made it once for the call: returns the bytes asked for
+   where they cannot be had, else 0. */
+RMS_ALWAYS_INLINE size_t rms_forward_rows_scratch(rms_kind xk, const rms_forward_problem *p,
+                                                  rms_forward_weight_scratch *scratch)
+{
+    const int with_offset = p->weight_offset != NULL;
+    return p->weight_prepared ? 0
+                              : rms_forward_weight_scratch_alloc(
+                                    scratch, p->n, rms_forward_weight_floats(xk, with_offset),
+                                    with_offset);
+}
+
 /*
  * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
  * weight as floats, and with an offset the write takes offset + weight as
@@ -677,35 +689,31 @@ RMS_ALWAYS_INLINE rms_row_weight rms_prepared_weight(rms_kind xk, const rms_forw
  * made them once for the call, rows have weights or offsets of their own,
  * and each row's are made here. Where the floats' memory cannot be had,
  * rows go in double; returns 0, or, where an offset's 2n doubles cannot be
- * had, the bytes asked for, having written nothing.
+ * had, the bytes asked for, having written nothing. Contiguous rows are
+ * written with the next row's reduction in each write, and their strides
+ * are the elements' sizes, constants: each block is one vector load or
+ * store.
  */
 RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_residual,
                                              int remade, const rms_forward_problem *p,
                                              ptrdiff_t row_begin, ptrdiff_t row_end)
 {
-    const ptrdiff_t n = p->n;
+    const ptrdiff_t n = p->n, es = rms_kind_size(xk);
+    rms_forward_weight_scratch scratch = {NULL, NULL, NULL, NULL};
     if (n <= 0 || row_begin >= row_end) {
         return 0;
     }
-    const int with_offset = p->weight_offset != NULL;
-    rms_row_weight w = rms_prepared_weight(xk, p);
-    rms_forward_weight_scratch scratch = {NULL, NULL, NULL, NULL};
-    if (!p->weight_prepared) {
-        const size_t failed_bytes = rms_forward_weight_scratch_alloc(
-            &scratch, n, rms_forward_weight_floats(xk, with_offset), with_offset);
-        if (failed_bytes != 0) {
-            return failed_bytes;
-        }
+    const size_t failed_bytes = rms_forward_rows_scratch(xk, p, &scratch);
+    if (failed_bytes != 0) {
+        return failed_bytes;
     }
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const int contiguous = rms_rows_are_contiguous(xk, wk, with_residual, p);
-    if (contiguous) {
-        w = rms_weight_known(wk, &w);
-    }
+    rms_row_weight w = rms_prepared_weight(xk, p);
     rms_row_sums sums = {{0.0, 0.0}, INFINITY};
     if (contiguous) {
-        const rms_row_source first =
-            rms_source_of(p, with_residual, remade, row_begin, rms_kind_size(xk));
+        w = rms_weight_known(wk, &w);
+        const rms_row_source first = rms_source_of(p, with_residual, remade, row_begin, es);
         sums = rms_reduce_row(xk, with_residual, n, &first);
     }
     const char *least_of = NULL;
@@ -721,10 +729,19 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
         }
         if (RMS_STRIDED_ROWS && !contiguous) {
             rms_forward_strided_row(xk, wk, with_residual, p, r, &w, eps, y);
+            continue;
         }
-        else {
-            sums = rms_forward_contiguous_row(xk, wk, with_residual, remade, p, r, row_end, &w,
-                                              eps, y, sums);
+        const rms_row_source src = rms_source_of(p, with_residual, remade, r, es);
+        const rms_row_source next = rms_next_source(p, with_residual, remade, r, row_end, es);
+        const rms_row_weight unit_w = rms_weight_known(wk, &w);
+        rms_unsure_blocks unsure;
+        unsure.count = 0;
+        const rms_row_plan plan =
+            rms_forward_row_plan(xk, wk, with_residual, n, &src, &unit_w, eps, y, es, sums);
+        sums = rms_forward_write_planned(xk, wk, with_residual, n, &src, &unit_w, eps, y, es,
+                                         p->stream_output, sums, plan, &unsure, &next);
+        if (rms_squares_are_plain(xk) && unsure.count > 0) {
+            rms_forward_row_exactly(xk, wk, with_residual, p, r, es, unit_w, &unsure);
         }
     }
     if (RMS_HAVE_STREAM && p->stream_output) {
@@ -736,7 +753,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
 
 /* Whether a row's residual_out, x + residual, is made twice: in the reduction
    pass, for its squares, and again in the write pass, which writes it
-   beside y, streamed where y is (rms_forward_block_of_row). Where the
+   beside y, streamed where y is (rms_block_values). Where the
    output is streamed, that spares residual_out's lines a trip into the cache
    (a read before each is written, and a write back), for two more loads
    and an add a block: the float32 fused forward at 2048x4096 took a sixth
@@ -745,22 +762,6 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
 RMS_ALWAYS_INLINE int rms_remakes_residual_out(rms_kind xk, const rms_forward_problem *p)
 {
     return RMS_HAVE_STREAM && xk == RMS_KIND_F32 && p->stream_output;
-}
-
-/* The forward's rows, with or without a residual: a code path each, since
-   a test in the reduction pass costs the plain forward registers in its
-   hottest loop. */
-RMS_ALWAYS_INLINE size_t rms_forward_rows(rms_kind xk, rms_kind wk,
-                                          const rms_forward_problem *p, ptrdiff_t row_begin,
-                                          ptrdiff_t row_end)
-{
-    if (p->residual.data != NULL) {
-        if (rms_remakes_residual_out(xk, p)) {
-            return rms_forward_rows_of(xk, wk, 1, 1, p, row_begin, row_end);
-        }
-        return rms_forward_rows_of(xk, wk, 1, 0, p, row_begin, row_end);
-    }
-    return rms_forward_rows_of(xk, wk, 0, 0, p, row_begin, row_end);
 }
 
 #endif

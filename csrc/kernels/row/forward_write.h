@@ -73,7 +73,7 @@ typedef struct {
     const float *floats;   /* NULL where the fast write from floats is not to be used */
     const float *floats_lo; /* float32 x with an offset; else NULL */
     double least; /* float64's: the least nonzero magnitude of the weight (of hi with an
-                     offset), +inf where there is none (rms_forward_row) */
+                     offset), +inf where there is none (rms_forward_row_plan) */
 } rms_row_weight;
 
 /* The weight as the loops of contiguous rows read it: a local copy, its
@@ -118,68 +118,6 @@ RMS_NOINLINE int rms_forward_block_double_offset_of(rms_kind xk, const char *x, 
     }
     return rms_forward_block_double_offset[xk](x, xs, (const char *)hi, 8, lo, y, ys, count,
                                                inv_rms, sum_error, check_underflow, stream);
-}
-
-/* One block of the forward, the way mode says. Returns 0, having written
-   nothing, where the fast path was unsure of it and defer is set: the
-   caller then writes it later, in double (rms_forward_write_loop). */
-RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                        const char *x, ptrdiff_t xs, const rms_row_weight *w,
-                                        ptrdiff_t at, char *y, ptrdiff_t ys, ptrdiff_t count,
-                                        const rms_inv_forms *inv, int stream, int defer)
-{
-    const char *w_at = rms_element(w->data, at, w->stride);
-    if (mode == RMS_WRITE_FAST16 &&
-        rms_forward_block_fast16(xk, x, xs, w->floats + at, y, ys, count, inv, stream)) {
-        return 1;
-    }
-    if (mode == RMS_WRITE_FLOAT && rms_forward_block_float(xk, wk, x, xs, w_at, w->stride,
-                                                          NULL, y, ys, count, inv, stream)) {
-        return 1;
-    }
-    if (mode == RMS_WRITE_OFFSET32_IN_BLOCKS && RMS_OFFSET_IN_FLOATS(xk, wk) &&
-        rms_forward_block_float_offset(xk, x, xs, w_at, w->stride, (float)w->offset, y, ys,
-                                       count, inv, stream)) {
-        return 1;
-    }
-    if (mode == RMS_WRITE_OFFSET32 &&
-        (RMS_HAVE_FMA ? rms_forward_block_float(xk, RMS_KIND_F32, x, xs,
-                                                (const char *)(w->floats + at), 4,
-                                                w->floats_lo + at, y, ys, count, inv, stream)
-                      : rms_forward_block_offset32(xk, x, xs, w->hi + at, y, ys, count, inv,
-                                                   stream))) {
-        return 1;
-    }
-    if (defer && rms_mode_may_defer(mode)) {
-        return 0;
-    }
-    /* The plain double write inlines its blocks, and its loop has no call:
-       a call costs a loop every vector register that lives across it. */
-    int sure;
-    if (mode == RMS_WRITE_DOUBLE) {
-        /* a row written in double has an exact sum (rms_forward_row) */
-        sure = rms_forward_block_double(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count,
-                                        inv->dd, 0.0, 0, stream);
-    }
-    else if (mode != RMS_WRITE_FLOAT && w->with_offset) { /* float rows have no offset */
-        sure = rms_forward_block_double_offset_of(
-            xk, x, xs, w_at, w->stride, w->offset, w->lo != NULL ? w->hi + at : NULL,
-            w->lo != NULL ? w->lo + at : NULL, y, ys, count, inv->dd, inv->sum_error,
-            inv->near_underflow, stream);
-    }
-    else {
-        sure = rms_forward_block_double_out_of_line[xk][wk](
-            x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd, inv->sum_error,
-            inv->near_underflow, stream);
-    }
-    if (!sure) {
-        rms_unsure_blocks *unsure = inv->unsure;
-        if (unsure->count < RMS_UNSURE_BLOCKS) {
-            unsure->at[unsure->count] = at;
-        }
-        unsure->count++;
-    }
-    return 1;
 }
 
 /*
@@ -261,16 +199,15 @@ RMS_ALWAYS_INLINE rms_block rms_make_residual_out(rms_kind xk, const char *x, pt
     return sv;
 }
 
-/* The reduction pass over [i, i + count), count <= RMS_LANES, of a row
-   with a residual: its residual_out, written unless the write pass
-   writes them (src->remade), and their squares into lanes. The squares are
-   taken from the registers that hold residual_out, not read back from
-   src->residual_out: a load right after a store of another width waits for the
-   store to reach the cache (the fused float32 forward took three times as
-   long as the plain one on an AMD Zen 5). */
-RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
-                                                const rms_row_source *src, ptrdiff_t i,
-                                                ptrdiff_t count)
+/* The reduction pass over [i, i + count), count <= RMS_LANES: the squares
+   of the row's values into lanes; with a residual, of its residual_out,
+   made here, and written unless the write pass writes it (src->remade).
+   Their squares are taken from the registers that hold residual_out, not
+   read back from src->residual_out: a load right after a store of another
+   width waits for the store to reach the cache (the fused float32 forward
+   took three times as long as the plain one on an AMD Zen 5). */
+RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lanes *lanes,
+                                        const rms_row_source *src, ptrdiff_t i, ptrdiff_t count)
 {
     RMS_UNROLL
     for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
@@ -280,34 +217,24 @@ RMS_ALWAYS_INLINE void rms_add_residual_squares(rms_kind xk, rms_lanes *lanes,
         }
         const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
         const ptrdiff_t at = i + offset;
-        const rms_block sv = rms_make_residual_out(
-            xk, rms_element(src->x, at, src->x_stride), src->x_stride,
-            rms_element(src->residual, at, src->residual_stride), src->residual_stride,
-            src->remade ? NULL
-                        : rms_element_out(src->residual_out, at, src->residual_out_stride),
-            src->residual_out_stride, block_count);
-        rms_add_block_squares(xk, 0, lanes, b, &sv, 0, 1.0, xk == RMS_KIND_F64);
-    }
-}
-
-/* The reduction pass over [i, i + count), count <= RMS_LANES: the squares
-   of the row's values into lanes, making them first where they are
-   residual_out. */
-RMS_ALWAYS_INLINE void rms_reduce_lanes(rms_kind xk, int with_residual, rms_lanes *lanes,
-                                        const rms_row_source *src, ptrdiff_t i, ptrdiff_t count)
-{
-    if (with_residual) {
-        rms_add_residual_squares(xk, lanes, src, i, count);
-    }
-    else {
-        rms_add_squares(xk, 0, lanes, src->x, src->x_stride, i, count, 0, 1.0,
-                        xk == RMS_KIND_F64);
+        const char *x = rms_element(src->x, at, src->x_stride);
+        const rms_block v =
+            with_residual
+                ? rms_make_residual_out(
+                      xk, x, src->x_stride, rms_element(src->residual, at, src->residual_stride),
+                      src->residual_stride,
+                      src->remade
+                          ? NULL
+                          : rms_element_out(src->residual_out, at, src->residual_out_stride),
+                      src->residual_out_stride, block_count)
+                : rms_load_doubles(xk, x, src->x_stride, block_count);
+        rms_add_block_squares(xk, 0, lanes, b, &v, 0, 1.0, xk == RMS_KIND_F64);
     }
 }
 
 /* What a row's reduction pass finds: its sum of squares, and, for float64
    rows, the least of the squares (+inf for the other kinds), which says
-   whether its write may go near underflow (rms_forward_row). */
+   whether its write may go near underflow (rms_forward_row_plan). */
 typedef struct {
     rms_dd squares;
     double least_square;
@@ -387,40 +314,160 @@ RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row(rms_kind xk, int with_residual, pt
     return rms_reduce_row_rest(xk, with_residual, &lanes, 0, n, src);
 }
 
-/* One block of a row's write pass: from the row's values as they are in
-   memory, or, where the write pass makes residual_out (row->remade), from
-   the block's residual_out, made again and written (streamed where
-   residual_out_stream says). rms_forward_block reads its values through a pointer:
-   here, a block on the stack, whose store and load stay in L1. */
-RMS_ALWAYS_INLINE int rms_forward_block_of_row(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                               int with_residual, const rms_row_source *row,
-                                               const rms_row_weight *w, ptrdiff_t at, char *y,
-                                               ptrdiff_t ys, ptrdiff_t count,
-                                               const rms_inv_forms *inv, int stream,
-                                               int residual_out_stream, int defer)
+/* How a row is written (rms_forward_row_plan): its inv_rms, within
+   sum_error of the one from the exact sum, its write mode, and whether a
+   float64 row's write may go near underflow; or one of the rare rows'
+   ways: a remade row whose inv_rms is made again from its values
+   (rms_forward_remade_row_in_double), or a float64 row whose inv_rms
+   leaves double's normal range, as scaled (rms_forward_row_extreme). */
+typedef struct {
+    rms_dd inv_rms;
+    rms_write_mode mode;
+    double sum_error;
+    int near_underflow;
+    int remade_in_double;
+    int extreme;
+    rms_scaled_inv scaled;
+} rms_row_plan;
+
+/* A block in double that the inlined double write leaves out, out of line:
+   one with an offset, and any a fast write was unsure of. Where the sum's
+   error leaves its rounding undecided, it is noted in inv->unsure. */
+RMS_ALWAYS_INLINE void rms_forward_block_in_double(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                                   const char *x, ptrdiff_t xs,
+                                                   const rms_row_weight *w, ptrdiff_t at,
+                                                   char *y, ptrdiff_t ys, ptrdiff_t count,
+                                                   const rms_inv_forms *inv, int stream)
+{
+    const char *w_at = rms_element(w->data, at, w->stride);
+    int sure;
+    if (mode != RMS_WRITE_FLOAT && w->with_offset) { /* float rows have no offset */
+        sure = rms_forward_block_double_offset_of(
+            xk, x, xs, w_at, w->stride, w->offset, w->lo != NULL ? w->hi + at : NULL,
+            w->lo != NULL ? w->lo + at : NULL, y, ys, count, inv->dd, inv->sum_error,
+            inv->near_underflow, stream);
+    }
+    else {
+        sure = rms_forward_block_double_out_of_line[xk][wk](
+            x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd, inv->sum_error,
+            inv->near_underflow, stream);
+    }
+    if (!sure) {
+        rms_unsure_blocks *unsure = inv->unsure;
+        if (unsure->count < RMS_UNSURE_BLOCKS) {
+            unsure->at[unsure->count] = at;
+        }
+        unsure->count++;
+    }
+}
+
+/* The stride of a row's values as its write reads them (rms_block_values):
+   a made block's is its element's size. */
+RMS_ALWAYS_INLINE ptrdiff_t rms_values_stride(rms_kind xk, int with_residual,
+                                              const rms_row_source *row)
 {
     if (with_residual && row->remade) {
-        const ptrdiff_t size = rms_kind_size(xk);
-        _Alignas(RMS_VECTOR_BYTES) char made[RMS_VF_WIDTH * 8];
-        (void)rms_make_residual_out(xk, rms_element(row->x, at, row->x_stride), row->x_stride,
-                           rms_element(row->residual, at, row->residual_stride),
-                           row->residual_stride, made, size, count);
-        char *out = rms_element_out(row->residual_out, at, row->residual_out_stride);
-        if (xk == RMS_KIND_F64) {
-            const rms_block h = rms_load_doubles(xk, made, size, count);
-            rms_store_doubles(out, row->residual_out_stride, count, &h, residual_out_stream);
+        return rms_kind_size(xk);
+    }
+    return with_residual ? row->residual_out_stride : row->x_stride;
+}
+
+/* The values of a row's block from `at` on, as its write reads them
+   (rms_values_stride apart): the row's in memory (x, or residual_out), or,
+   where the write pass makes residual_out (row->remade), the block's
+   residual_out made again into made and written (streamed where stream
+   says). The write reads them through a pointer: made is a block on the
+   stack, whose store and load stay in L1. */
+RMS_ALWAYS_INLINE const char *rms_block_values(rms_kind xk, int with_residual,
+                                               const rms_row_source *row, ptrdiff_t at,
+                                               ptrdiff_t count, char *made, int stream)
+{
+    if (!with_residual || !row->remade) {
+        return rms_element(with_residual ? row->residual_out : row->x, at,
+                           rms_values_stride(xk, with_residual, row));
+    }
+    const ptrdiff_t size = rms_kind_size(xk);
+    (void)rms_make_residual_out(xk, rms_element(row->x, at, row->x_stride), row->x_stride,
+                                rms_element(row->residual, at, row->residual_stride),
+                                row->residual_stride, made, size, count);
+    char *out = rms_element_out(row->residual_out, at, row->residual_out_stride);
+    if (xk == RMS_KIND_F64) {
+        const rms_block h = rms_load_doubles(xk, made, size, count);
+        rms_store_doubles(out, row->residual_out_stride, count, &h, stream);
+    }
+    else {
+        rms_store_floats(xk, out, row->residual_out_stride, count,
+                         rms_load_floats(xk, made, size, count), stream);
+    }
+    return made;
+}
+
+/* One block of a row's write, from `at` on, the way mode says: y's, and,
+   where the write makes it, residual_out's (rms_block_values). Returns 0,
+   having written no y, where the fast path was unsure of it and defer is
+   set: the caller then writes it later, in double (rms_forward_write).
+   For float32 with an offset that is a float, where no pair was made for
+   the call (a call of a few rows, or rows with weights or offsets of their
+   own), offset + weight is made here as a float two-sum, hi + lo exactly
+   (rms_forward_block_float counts 2^-48 for a pair made with error); a
+   hi that is not finite has NaN lanes, and the block goes in double.
+   Making the pair, a pass over the weight, and reading it back cost a row
+   of 4096 more than this does. */
+RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode mode,
+                                        int with_residual, const rms_row_source *row,
+                                        const rms_row_weight *w, ptrdiff_t at, char *y,
+                                        ptrdiff_t ys, ptrdiff_t count, const rms_inv_forms *inv,
+                                        int stream, int residual_out_stream, int defer)
+{
+    _Alignas(RMS_VECTOR_BYTES) char made[RMS_VF_WIDTH * 8];
+    const ptrdiff_t xs = rms_values_stride(xk, with_residual, row);
+    const char *x = rms_block_values(xk, with_residual, row, at, count, made, residual_out_stream);
+    const char *w_at = rms_element(w->data, at, w->stride);
+    y = rms_element_out(y, at, ys);
+    if (mode == RMS_WRITE_FAST16 &&
+        rms_forward_block_fast16(xk, x, xs, w->floats + at, y, ys, count, inv, stream)) {
+        return 1;
+    }
+    const int offset32_in_float = mode == RMS_WRITE_OFFSET32 && RMS_HAVE_FMA;
+    const int offset_in_block =
+        mode == RMS_WRITE_OFFSET32_IN_BLOCKS && RMS_OFFSET_IN_FLOATS(xk, wk);
+    if (mode == RMS_WRITE_FLOAT || offset32_in_float || offset_in_block) {
+        const rms_vf xv = rms_load_floats(xk, x, xs, count);
+        rms_vf wv, w_lo = rms_vf_set(0.0f);
+        if (mode == RMS_WRITE_FLOAT) {
+            wv = rms_load_floats(wk, w_at, w->stride, count);
+        }
+        else if (offset32_in_float) {
+            wv = rms_load_floats(RMS_KIND_F32, (const char *)(w->floats + at), 4, count);
+            w_lo = rms_load_floats(RMS_KIND_F32, (const char *)(w->floats_lo + at), 4, count);
         }
         else {
-            rms_store_floats(xk, out, row->residual_out_stride, count,
-                             rms_load_floats(xk, made, size, count), residual_out_stream);
+            wv = rms_offset_weight_floats_block(w_at, w->stride, count, (float)w->offset, &w_lo);
         }
-        return rms_forward_block(xk, wk, mode, made, size, w, at, rms_element_out(y, at, ys), ys,
-                                 count, inv, stream, defer);
+        if (rms_forward_block_float(xk, xv, wv, mode == RMS_WRITE_FLOAT ? NULL : &w_lo, y, ys,
+                                    count, inv, stream)) {
+            return 1;
+        }
     }
-    const char *values = with_residual ? row->residual_out : row->x;
-    const ptrdiff_t vs = with_residual ? row->residual_out_stride : row->x_stride;
-    return rms_forward_block(xk, wk, mode, rms_element(values, at, vs), vs, w, at,
-                             rms_element_out(y, at, ys), ys, count, inv, stream, defer);
+    if (mode == RMS_WRITE_OFFSET32 && !RMS_HAVE_FMA &&
+        rms_forward_block_offset32(xk, x, xs, w->hi + at, y, ys, count, inv, stream)) {
+        return 1;
+    }
+    if (defer && rms_mode_may_defer(mode)) {
+        return 0;
+    }
+    /* The plain double write inlines its blocks, and its loop has no call:
+       a call costs a loop every vector register that lives across it. A
+       row written in double has an exact sum (rms_forward_row_plan): no
+       block of it is unsure. */
+    if (mode == RMS_WRITE_DOUBLE) {
+        (void)rms_forward_block_double(xk, wk, x, xs, w_at, w->stride, NULL, y, ys, count,
+                                       inv->dd, 0.0, 0, stream);
+    }
+    else {
+        rms_forward_block_in_double(xk, wk, mode, x, xs, w, at, y, ys, count, inv, stream);
+    }
+    return 1;
 }
 
 /* The blocks of a row's write loop that the fast 16-bit path was unsure
@@ -446,103 +493,39 @@ RMS_ALWAYS_INLINE void rms_write_deferred(rms_kind xk, rms_kind wk, int with_res
     rms_row_source written = *row;
     written.remade = 0;
     for (int k = 0; k < deferred->count; k++) {
-        (void)rms_forward_block_of_row(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual,
-                                       &written, w, deferred->at[k], y, ys, RMS_VF_WIDTH, inv,
-                                       stream, 0, 0);
+        (void)rms_forward_block(xk, wk, RMS_WRITE_DOUBLE_OUT_OF_LINE, with_residual, &written, w,
+                                deferred->at[k], y, ys, RMS_VF_WIDTH, inv, stream, 0, 0);
     }
     deferred->count = 0;
 }
 
-/* The whole steps of RMS_LANES elements of rms_forward_write_loop, from
-   element i on: until the row has no whole step left, or deferred holds
-   more than limit blocks. Returns where it stopped. */
-RMS_ALWAYS_INLINE ptrdiff_t rms_forward_write_steps(
-    rms_kind xk, rms_kind wk, rms_write_mode mode, int with_residual, ptrdiff_t n,
-    const rms_row_source *row, const rms_row_weight *w, char *y, ptrdiff_t ys, ptrdiff_t i,
-    int streamed, int residual_out_streamed, const rms_inv_forms *inv, const rms_row_source *next,
-    int reduce, rms_lanes *next_lanes, ptrdiff_t *next_done, rms_deferred *deferred, int limit)
+/* Where a step of the write loop, RMS_LANES elements from i, asks for
+   rows ahead of it (rms_forward_write): where it reduces next, the row
+   after next, from next_done on, where there is one; else next's own
+   elements, to be reduced after the loop. */
+RMS_ALWAYS_INLINE void rms_ask_ahead(int with_residual, int reduce, const rms_row_source *next,
+                                     ptrdiff_t i, ptrdiff_t next_done)
 {
-    for (; i + RMS_LANES <= n && deferred->count <= limit; i += RMS_LANES) {
-        if (reduce) {
-            if (next->ahead_x != NULL) {
-                rms_prefetch(rms_element(next->ahead_x, *next_done, next->x_stride),
-                             RMS_LANES * next->x_stride);
-                if (with_residual) {
-                    rms_prefetch(
-                        rms_element(next->ahead_residual, *next_done, next->residual_stride),
-                        RMS_LANES * next->residual_stride);
-                }
-            }
-            rms_reduce_lanes(xk, with_residual, next_lanes, next, *next_done, RMS_LANES);
-            *next_done += RMS_LANES;
-        }
-        else if (next->x != NULL) {
-            rms_prefetch(rms_element(next->x, i, next->x_stride), RMS_LANES * next->x_stride);
-            if (with_residual) {
-                rms_prefetch(rms_element(next->residual, i, next->residual_stride),
-                             RMS_LANES * next->residual_stride);
-            }
-        }
-        for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
-            const ptrdiff_t at = i + b;
-            if (!rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, at, y, ys,
-                                          RMS_VF_WIDTH, inv, streamed, residual_out_streamed,
-                                          rms_mode_may_defer(mode))) {
-                deferred->at[deferred->count++] = at;
-            }
-        }
+    const char *x = reduce ? next->ahead_x : next->x;
+    const char *residual = reduce ? next->ahead_residual : next->residual;
+    const ptrdiff_t at = reduce ? next_done : i;
+    if (x == NULL) {
+        return;
     }
-    return i;
-}
-
-/* The write loop of rms_forward_write. reduce, a constant at each call,
-   says whether it also runs the next row's reduction pass into next_lanes:
-   decided inside the loop, the choice left the compiler keeping those sums
-   in memory, loaded and stored at every step (a tenth of the in-cache
-   16-bit forward). The unaligned head and the tail write their blocks at
-   once, unsure or not; the whole steps defer theirs (rms_deferred). A
-   streamed row writes its deferred blocks as soon as their step ends,
-   streamed too. Written at the row's end with plain stores, each cost a
-   read of its line from memory (the float16 forward from memory took a
-   fifth longer); streamed at the row's end, they cost the same as here. */
-RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                              int with_residual, ptrdiff_t n,
-                                              const rms_row_source *row,
-                                              const rms_row_weight *w, char *y,
-                                              ptrdiff_t ys, ptrdiff_t head, int streamed,
-                                              int residual_out_streamed,
-                                              const rms_inv_forms *inv, const rms_row_source *next,
-                                              int reduce, rms_lanes *next_lanes,
-                                              ptrdiff_t *next_done)
-{
-    ptrdiff_t i = 0;
-    for (; i < head; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
-        (void)rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv,
-                                       0, 0, 0);
-    }
-    rms_deferred deferred;
-    deferred.count = 0;
-    const int limit = streamed ? 0 : RMS_DEFERRED_BLOCKS - RMS_LANES / RMS_VF_WIDTH;
-    for (i = head; i + RMS_LANES <= n;) {
-        i = rms_forward_write_steps(xk, wk, mode, with_residual, n, row, w, y, ys, i, streamed,
-                                    residual_out_streamed, inv, next, reduce, next_lanes, next_done,
-                                    &deferred, limit);
-        rms_write_deferred(xk, wk, with_residual, row, w, y, ys, inv, streamed, &deferred);
-    }
-    for (; i < n; i += RMS_VF_WIDTH) {
-        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
-        (void)rms_forward_block_of_row(xk, wk, mode, with_residual, row, w, i, y, ys, count, inv,
-                                       0, 0, 0);
+    rms_prefetch(rms_element(x, at, next->x_stride), RMS_LANES * next->x_stride);
+    if (with_residual) {
+        rms_prefetch(rms_element(residual, at, next->residual_stride),
+                     RMS_LANES * next->residual_stride);
     }
 }
 
 /*
- * Writes y for one row, given its inv_rms (within sum_error of the exact
- * sum's; the blocks that left undecided noted in unsure), and returns the
- * sums of next, where that is a row (0 where it is not). The
- * same loop runs the
- * next row's reduction pass: it is bound by arithmetic and the write by
+ * Writes y for one row in the plan's mode, and returns the sums of next,
+ * where that is a row (0 where it is not). The same loop runs the next
+ * row's reduction pass where reduce says, a constant at each call:
+ * decided inside the loop, the choice left the compiler keeping those sums
+ * in memory, loaded and stored at every step (a tenth of the in-cache
+ * 16-bit forward). The reduction is bound by arithmetic and the write by
  * loads and stores, and one loop doing both lets the core overlap them.
  * Where the output is streamed, rows come from memory: the loop asks for
  * the row after next too, so that the bus brings it in while the core
@@ -551,40 +534,68 @@ RMS_ALWAYS_INLINE void rms_forward_write_loop(rms_kind xk, rms_kind wk, rms_writ
  * afterwards. (Asking for next only, and always reducing it afterwards,
  * left the bus idle during the reductions: the float64 forward at
  * 2048x4096 took a tenth longer.)
+ *
+ * The unaligned head (head elements) and the tail write their blocks at
+ * once, unsure or not; the whole steps defer theirs (rms_deferred). A
+ * streamed row writes its deferred blocks as soon as their step ends,
+ * streamed too. Written at the row's end with plain stores, each cost a
+ * read of its line from memory (the float16 forward from memory took a
+ * fifth longer); streamed at the row's end, they cost the same as here.
  */
-RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(rms_kind xk, rms_kind wk, rms_write_mode mode,
-                                                 int with_residual, ptrdiff_t n,
-                                                 const rms_row_source *row_source,
-                                                 const rms_row_weight *weight, char *y,
-                                                 ptrdiff_t ys,
-                                                 int stream, rms_dd inv_rms, double sum_error,
-                                                 int near_underflow, rms_unsure_blocks *unsure,
-                                                 const rms_row_source *next_source)
+RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(
+    rms_kind xk, rms_kind wk, rms_write_mode mode, int with_residual, int reduce, ptrdiff_t n,
+    const rms_row_source *row_source, const rms_row_weight *weight, char *y, ptrdiff_t ys,
+    ptrdiff_t head, int streamed, int stream, rms_dd inv_rms, double sum_error,
+    int near_underflow, rms_unsure_blocks *unsure, const rms_row_source *next_source)
 {
     const rms_row_source row_known = rms_source_known(xk, row_source);
     const rms_row_source next_known = rms_source_known(xk, next_source);
     const rms_row_source *row = &row_known, *next = &next_known;
     const rms_row_weight w_known = RMS_STRIDED_ROWS ? *weight : rms_weight_known(wk, weight);
     const rms_row_weight *w = &w_known;
+    /* only the out-of-line double write checks for underflow */
     const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->with_offset, inv_rms, sum_error,
-                                               near_underflow, unsure, mode);
+                                               mode == RMS_WRITE_DOUBLE_OUT_OF_LINE &&
+                                                   near_underflow,
+                                               unsure, mode);
     const ptrdiff_t size = rms_kind_size(xk);
-    const ptrdiff_t head = rms_unaligned_head(y, ys, size, n);
-    const int streamed = rms_can_stream(stream, rms_element_out(y, head, ys), ys, size);
     const int residual_out_streamed =
         with_residual && row->remade &&
         rms_can_stream(stream, rms_element_out(row->residual_out, head, row->residual_out_stride),
                        row->residual_out_stride, size);
     rms_lanes next_lanes;
     rms_lanes_clear(&next_lanes);
-    ptrdiff_t next_done = 0;
-    if (next->x != NULL && (!streamed || next->ahead_x != NULL)) {
-        rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
-                               residual_out_streamed, &inv, next, 1, &next_lanes, &next_done);
+    ptrdiff_t next_done = 0, i = 0;
+    for (; i < head; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = head - i < RMS_VF_WIDTH ? head - i : RMS_VF_WIDTH;
+        (void)rms_forward_block(xk, wk, mode, with_residual, row, w, i, y, ys, count, &inv, 0, 0,
+                                0);
     }
-    else {
-        rms_forward_write_loop(xk, wk, mode, with_residual, n, row, w, y, ys, head, streamed,
-                               residual_out_streamed, &inv, next, 0, &next_lanes, &next_done);
+    i = head;
+    rms_deferred deferred;
+    deferred.count = 0;
+    const int limit = streamed ? 0 : RMS_DEFERRED_BLOCKS - RMS_LANES / RMS_VF_WIDTH;
+    while (i + RMS_LANES <= n) {
+        for (; i + RMS_LANES <= n && deferred.count <= limit; i += RMS_LANES) {
+            rms_ask_ahead(with_residual, reduce, next, i, next_done);
+            if (reduce) {
+                rms_reduce_lanes(xk, with_residual, &next_lanes, next, next_done, RMS_LANES);
+                next_done += RMS_LANES;
+            }
+            for (ptrdiff_t b = 0; b < RMS_LANES; b += RMS_VF_WIDTH) {
+                if (!rms_forward_block(xk, wk, mode, with_residual, row, w, i + b, y, ys,
+                                       RMS_VF_WIDTH, &inv, streamed, residual_out_streamed,
+                                       rms_mode_may_defer(mode))) {
+                    deferred.at[deferred.count++] = i + b;
+                }
+            }
+        }
+        rms_write_deferred(xk, wk, with_residual, row, w, y, ys, &inv, streamed, &deferred);
+    }
+    for (; i < n; i += RMS_VF_WIDTH) {
+        const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
+        (void)rms_forward_block(xk, wk, mode, with_residual, row, w, i, y, ys, count, &inv, 0, 0,
+                                0);
     }
     return rms_reduce_row_rest(xk, with_residual, &next_lanes, next_done, n, next);
 }

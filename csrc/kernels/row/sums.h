@@ -94,24 +94,6 @@ RMS_NOINLINE double rms_least_nonzero(ptrdiff_t n, const char *v, ptrdiff_t vs)
     return rms_vd_smallest_lane(least[0]);
 }
 
-/* s + err == a + b exactly, lane by lane: rms_two_sum a vector at a time. */
-RMS_ALWAYS_INLINE rms_vd rms_vd_two_sum(rms_vd a, rms_vd b, rms_vd *err)
-{
-    const rms_vd s = rms_vd_add(a, b);
-    const rms_vd b_virtual = rms_vd_sub(s, a);
-    *err = rms_vd_add(rms_vd_sub(a, rms_vd_sub(s, b_virtual)), rms_vd_sub(b, b_virtual));
-    return s;
-}
-
-/* The same in float: exact where s is finite. */
-RMS_ALWAYS_INLINE rms_vf rms_vf_two_sum(rms_vf a, rms_vf b, rms_vf *err)
-{
-    const rms_vf s = rms_vf_add(a, b);
-    const rms_vf b_virtual = rms_vf_sub(s, a);
-    *err = rms_vf_add(rms_vf_sub(a, rms_vf_sub(s, b_virtual)), rms_vf_sub(b, b_virtual));
-    return s;
-}
-
 /* The first `count` lanes summed in a fixed order: pairwise, as
    rms_dd_sum_lanes adds them, exactly where the lanes are compensated sums
    (float64's squares, or a product with one), else in plain double, whose
@@ -165,24 +147,6 @@ RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int 
     return total;
 }
 
-/* Adds a * b to one accumulator: plain where the product is exact in
-   double (float operands) and no compensation is asked for; else with the
-   sum's rounding error in comp, and the product's own error too where it
-   may have one (a float64 operand). */
-RMS_ALWAYS_INLINE void rms_accumulate(int compensated, int product_exact, rms_vd *sum,
-                                      rms_vd *comp, rms_vd a, rms_vd b)
-{
-    if (!compensated) {
-        *sum = rms_vd_muladd(a, b, *sum); /* the product is exact: fused or not, one rounding */
-        return;
-    }
-    const rms_vd p = rms_vd_mul(a, b);
-    rms_vd s_err;
-    *sum = rms_vd_two_sum(*sum, p, &s_err);
-    *comp = product_exact ? rms_vd_add(*comp, s_err)
-                          : rms_vd_add(*comp, rms_vd_add(s_err, rms_vd_product_error(a, b, p)));
-}
-
 /* Whether the forward sums the squares of kind in plain double: float32
    and narrower, whose squares are exact in double, the sum within
    rms_sum_error of exact; float64's sums are compensated. */
@@ -191,7 +155,7 @@ RMS_ALWAYS_INLINE int rms_squares_are_plain(rms_kind kind) { return rms_kind_is_
 /* Adds the squares of block b of RMS_LANES elements, times scale where
    scaled, into its lanes: compensated where the squares are not exact in
    double, or where asked for; and notes the block's least square where
-   least says (rms_forward_row says why): 0 where a value is 0, or below
+   least says (rms_forward_row_plan says why): 0 where a value is 0, or below
    2^-537. One minimum a vector, of a square the sum makes anyway: the
    least nonzero magnitude itself takes two or more operations (the float64
    forward took a twentieth longer in cache). */
@@ -207,9 +171,9 @@ RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, int compensated, rms_l
         }
         const int k = b * RMS_VD_PER_VF + h;
         /* a scaled square need not be exact */
-        rms_accumulate(compensated || !rms_squares_are_plain(xk),
-                       rms_squares_are_plain(xk) && !scaled, &lanes->sum[k], &lanes->comp[k], e,
-                       e);
+        rms_vd_accumulate(compensated || !rms_squares_are_plain(xk),
+                          rms_squares_are_plain(xk) && !scaled, &lanes->sum[k], &lanes->comp[k],
+                          e, e);
     }
 }
 
@@ -250,7 +214,7 @@ RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, int compensated, ptrdiff_t
 
 /* inv_rms of a row of float32 or narrower values from a compensated sum
    of squares, as close to exact as float64's, for the rows whose plain
-   sum cannot settle every output (rms_forward_row). Out of line: inlined,
+   sum cannot settle every output (rms_forward_row_plan). Out of line: inlined,
    it cost the write loops registers. */
 RMS_NOINLINE rms_dd rms_exact_inv_rms(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
                                       double eps)
@@ -318,9 +282,9 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
         for (int h = 0; h < RMS_VD_PER_VF; h++) {
             const int k = b * RMS_VD_PER_VF + h;
             const rms_vd g = rms_vd_mul(grad_output_v.part[h], wv.part[h]);
-            rms_accumulate(!rms_kind_is_float_exact(xk), 0, &squares->sum[k], &squares->comp[k],
-                           xv.part[h], xv.part[h]);
-            rms_accumulate(compensated_dot, 0, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
+            rms_vd_accumulate(!rms_kind_is_float_exact(xk), 0, &squares->sum[k],
+                              &squares->comp[k], xv.part[h], xv.part[h]);
+            rms_vd_accumulate(compensated_dot, 0, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
         }
     }
 }

@@ -83,6 +83,11 @@
  *   rms_vf_load_first(kind, p, count), rms_vf_store_first(kind, p, v, count)
  *                               where RMS_HAVE_MASKED: as rms_vf_load and
  *                               rms_vf_store, for the first count elements
+ *   rms_vd_two_sum(a, b, &err), rms_vf_two_sum(a, b, &err)
+ *                               a + b as s + err exactly (Knuth's two-sum)
+ *   rms_vd_accumulate(compensated, product_exact, &sum, &comp, a, b)
+ *                               a * b added to sum, its errors to comp where
+ *                               compensated
  *
  * Rounding to odd is what lets a value be rounded twice, first to float and
  * then to 16 bits, as if once: the float keeps, in its last bit, whether

@@ -1,8 +1,9 @@
 /*
  * The vocabulary entries that every instruction set builds the same way
  * from its primitives: what each storage kind means for a load or a store,
- * written once. Each vec_*.h includes this file last, after its primitives
- * (vec_baseline.h lists which entries are which).
+ * and the exact two-sum and the sums built on it, written once. Each
+ * vec_*.h includes this file last, after its primitives (vec_baseline.h
+ * lists which entries are which).
  *
  * Two flags leave entries out. Where a vocabulary's instructions do
  * rms_vd_load_widened better than its primitives can, it defines that
@@ -45,6 +46,43 @@ RMS_ALWAYS_INLINE void rms_vf_store(rms_kind kind, char *p, rms_vf v, int stream
     else {
         rms_vf_store_f32(p, v, stream);
     }
+}
+
+/* s + err == a + b exactly, lane by lane: Knuth's two-sum (dd_math.h's
+   rms_two_sum) a vector at a time. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_two_sum(rms_vd a, rms_vd b, rms_vd *err)
+{
+    const rms_vd s = rms_vd_add(a, b);
+    const rms_vd b_virtual = rms_vd_sub(s, a);
+    *err = rms_vd_add(rms_vd_sub(a, rms_vd_sub(s, b_virtual)), rms_vd_sub(b, b_virtual));
+    return s;
+}
+
+/* The same in float: exact where s is finite. */
+RMS_ALWAYS_INLINE rms_vf rms_vf_two_sum(rms_vf a, rms_vf b, rms_vf *err)
+{
+    const rms_vf s = rms_vf_add(a, b);
+    const rms_vf b_virtual = rms_vf_sub(s, a);
+    *err = rms_vf_add(rms_vf_sub(a, rms_vf_sub(s, b_virtual)), rms_vf_sub(b, b_virtual));
+    return s;
+}
+
+/* Adds a * b to one accumulator: plain where the product is exact in
+   double (float operands) and no compensation is asked for; else with the
+   sum's rounding error in comp, and the product's own error too where it
+   may have one (a float64 operand). */
+RMS_ALWAYS_INLINE void rms_vd_accumulate(int compensated, int product_exact, rms_vd *sum,
+                                         rms_vd *comp, rms_vd a, rms_vd b)
+{
+    if (!compensated) {
+        *sum = rms_vd_muladd(a, b, *sum); /* the product is exact: fused or not, one rounding */
+        return;
+    }
+    const rms_vd p = rms_vd_mul(a, b);
+    rms_vd s_err;
+    *sum = rms_vd_two_sum(*sum, p, &s_err);
+    *comp = product_exact ? rms_vd_add(*comp, s_err)
+                          : rms_vd_add(*comp, rms_vd_add(s_err, rms_vd_product_error(a, b, p)));
 }
 
 #if !RMS_HAVE_LOAD_WIDENED

@@ -1,11 +1,13 @@
 /*
- * Elements and blocks: a block is RMS_VF_WIDTH consecutive elements of a
- * row, loaded as floats or as doubles and stored back in any kind, whole
- * and contiguous in one vector move, partial (a row's head or tail) by a
- * masked move or a packed copy. Part of the row kernels (row_kernels.h).
+ * The vocabulary's moves of elements and blocks, in any kind, stride and
+ * count: a block is RMS_VF_WIDTH consecutive elements of a row, loaded as
+ * floats or as doubles and stored back in any kind, whole and contiguous
+ * in one vector move, partial (a row's head or tail) by a masked move or
+ * a packed copy. Built on each instruction set's vocabulary, as
+ * vec_derived.h is, and included by row_kernels.h before the kernels.
  */
-#ifndef RMSNORM_KERNELS_ROW_BLOCKS_H
-#define RMSNORM_KERNELS_ROW_BLOCKS_H
+#ifndef RMSNORM_KERNELS_SIMD_BLOCKS_H
+#define RMSNORM_KERNELS_SIMD_BLOCKS_H
 
 /* Every value of the kind is a float, so products of two are exact in
    double and a sum of them needs no compensation. */
