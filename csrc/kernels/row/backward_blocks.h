@@ -143,10 +143,11 @@ RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk,
     const rms_vf x_hat = rms_vf_mul(xv, inv_rms);
     const rms_vf g = rms_vf_mul(grad_output_v, wv);
     const rms_vf centred = rms_vf_fma(x_hat, minus_mean_g_x_hat, g);
-    const char *gr_at = rms_backward_grad_residual_out_at(o, at);
     const rms_vf out =
         o->gr.add_residual
-            ? rms_vf_fma(inv_rms, centred, rms_load_floats(xk, gr_at, o->gr.stride, count))
+            ? rms_vf_fma(inv_rms, centred,
+                         rms_load_floats(xk, rms_backward_grad_residual_out_at(o, at),
+                                         o->gr.stride, count))
             : rms_vf_mul(inv_rms, centred);
     const rms_vf grad_output_x = rms_vf_mul(grad_output_v, xv); /* exact for float16 */
     double *grad_weight = o->grad_weight + at;

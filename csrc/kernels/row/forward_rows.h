@@ -130,7 +130,6 @@ RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int wit
     rms_row_plan plan = {.sum_error = 0.0};
     plan.inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
     plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
-    plan.sum_error = 0.0;
     *exact_first = 0;
     if (rms_squares_are_plain(xk)) {
         plan.sum_error = rms_sum_error(n, sum_squares.hi, eps);

@@ -330,9 +330,11 @@ typedef struct {
     rms_scaled_inv scaled;
 } rms_row_plan;
 
-/* A block in double that the inlined double write leaves out, out of line:
-   one with an offset, and any a fast write was unsure of. Where the sum's
-   error leaves its rounding undecided, it is noted in inv->unsure. */
+/* A block in double, out of line, where the inlined double write
+   (RMS_WRITE_DOUBLE) does not take it: one with an offset, one a fast
+   write was unsure of, and each block of a row written out of line
+   (RMS_WRITE_DOUBLE_OUT_OF_LINE). Where the sum's error leaves its
+   rounding undecided, it is noted in inv->unsure. */
 RMS_ALWAYS_INLINE void rms_forward_block_in_double(rms_kind xk, rms_kind wk, rms_write_mode mode,
                                                    const char *x, ptrdiff_t xs,
                                                    const rms_row_weight *w, ptrdiff_t at,
