@@ -25,6 +25,9 @@ typedef struct {
     rms_vf float_error;  /* the float path's bound on its error, relative to |y| */
     rms_vf below, above; /* float16's fast path's: a little below and above inv_rms */
     rms_vd bracket_below, bracket_above; /* the offset path's: 1 -/+ its margin */
+    rms_vf offset; /* the offset as floats, where the blocks add it to the weight
+                      (RMS_WRITE_OFFSET32_IN_BLOCKS): once a row, as a loop's
+                      broadcast of it was not always taken out of the loop */
     int product_error;   /* the fast path's, rms_fast16_product_error */
     double sum_error;    /* rms_sum_error, or 0 where the sum is exact */
     int near_underflow;  /* whether a float64 block's write may go near underflow */
@@ -81,7 +84,7 @@ static inline float rms_float_at_least(double v)
    (relative); unsure is where the double path notes the blocks for which
    that was not enough. */
 RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int with_offset,
-                                                 rms_dd inv_rms, double sum_error,
+                                                 double offset, rms_dd inv_rms, double sum_error,
                                                  int near_underflow, rms_unsure_blocks *unsure,
                                                  rms_write_mode mode)
 {
@@ -108,6 +111,7 @@ RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int w
                                : 0.0;
     forms.bracket_below = rms_vd_set(1.0 - bracket);
     forms.bracket_above = rms_vd_set(1.0 + bracket);
+    forms.offset = rms_vf_set(mode == RMS_WRITE_OFFSET32_IN_BLOCKS ? (float)offset : 0.0f);
     return forms;
 }
 
@@ -173,10 +177,10 @@ RMS_ALWAYS_INLINE int rms_forward_block_float(rms_kind xk, rms_vf xv, rms_vf wv,
 /* offset + weight for one block of the float32 weight, where the offset is
    a float: floats hi, returned, and *lo, whose sum is exactly it. */
 RMS_ALWAYS_INLINE rms_vf rms_offset_weight_floats_block(const char *w, ptrdiff_t ws,
-                                                        ptrdiff_t count, float offset,
+                                                        ptrdiff_t count, rms_vf offset,
                                                         rms_vf *lo)
 {
-    return rms_vf_two_sum(rms_vf_set(offset), rms_load_floats(RMS_KIND_F32, w, ws, count), lo);
+    return rms_vf_two_sum(offset, rms_load_floats(RMS_KIND_F32, w, ws, count), lo);
 }
 
 /*

@@ -196,7 +196,7 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_row_plainly(rms_kind xk, rms_kind wk,
     rms_row_source known = rms_source_known(xk, row);
     known.remade = 0;
     const rms_row_weight w_known = RMS_STRIDED_ROWS ? *w : rms_weight_known(wk, w);
-    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->with_offset, plan.inv_rms,
+    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->with_offset, w->offset, plan.inv_rms,
                                                plan.sum_error, 0, unsure, mode);
     if (!RMS_STRIDED_ROWS) {
         ys = rms_kind_size(xk);
@@ -436,11 +436,12 @@ RMS_ALWAYS_INLINE int rms_offset_weight_floats(ptrdiff_t n, const char *w, ptrdi
                                                float offset, float *floats)
 {
     int floats_usable = 1;
+    const rms_vf offset_v = rms_vf_set(offset);
     for (ptrdiff_t i = 0; i < n; i += RMS_VF_WIDTH) {
         const ptrdiff_t count = n - i < RMS_VF_WIDTH ? n - i : RMS_VF_WIDTH;
         rms_vf rest;
         const rms_vf sum =
-            rms_offset_weight_floats_block(rms_element(w, i, ws), ws, count, offset, &rest);
+            rms_offset_weight_floats_block(rms_element(w, i, ws), ws, count, offset_v, &rest);
         floats_usable &= rms_offset_floats_usable(sum);
         rms_store_floats(RMS_KIND_F32, (char *)(floats + i), 4, count, sum, 0);
         rms_store_floats(RMS_KIND_F32, (char *)(floats + n + i), 4, count, rest, 0);
@@ -539,8 +540,9 @@ RMS_NOINLINE void rms_forward_row_exactly(rms_kind xk, rms_kind wk, int with_res
     const rms_kind eps_kind = xk == RMS_KIND_F64 ? RMS_KIND_F64 : RMS_KIND_F32;
     const double eps = rms_load_scalar(eps_kind, rms_element(p->eps, r, p->eps_stride));
     const rms_inv_forms inv =
-        rms_inv_forms_of(xk, wk, weight.with_offset, rms_exact_inv_rms(xk, n, x, xs, eps), 0.0,
-                         0, NULL, RMS_WRITE_DOUBLE_OUT_OF_LINE);
+        rms_inv_forms_of(xk, wk, weight.with_offset, weight.offset,
+                         rms_exact_inv_rms(xk, n, x, xs, eps), 0.0, 0, NULL,
+                         RMS_WRITE_DOUBLE_OUT_OF_LINE);
     const int whole_row = unsure->count > RMS_UNSURE_BLOCKS;
     const ptrdiff_t blocks = whole_row ? (n + RMS_VF_WIDTH - 1) / RMS_VF_WIDTH : unsure->count;
     for (ptrdiff_t b = 0; b < blocks; b++) {

@@ -444,7 +444,7 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
             w_lo = rms_load_floats(RMS_KIND_F32, (const char *)(w->floats_lo + at), 4, count);
         }
         else {
-            wv = rms_offset_weight_floats_block(w_at, w->stride, count, (float)w->offset, &w_lo);
+            wv = rms_offset_weight_floats_block(w_at, w->stride, count, inv->offset, &w_lo);
         }
         if (rms_forward_block_float(xk, xv, wv, mode == RMS_WRITE_FLOAT ? NULL : &w_lo, y, ys,
                                     count, inv, stream)) {
@@ -556,10 +556,9 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(
     const rms_row_weight w_known = RMS_STRIDED_ROWS ? *weight : rms_weight_known(wk, weight);
     const rms_row_weight *w = &w_known;
     /* only the out-of-line double write checks for underflow */
-    const rms_inv_forms inv = rms_inv_forms_of(xk, wk, w->with_offset, inv_rms, sum_error,
-                                               mode == RMS_WRITE_DOUBLE_OUT_OF_LINE &&
-                                                   near_underflow,
-                                               unsure, mode);
+    const rms_inv_forms inv = rms_inv_forms_of(
+        xk, wk, w->with_offset, w->offset, inv_rms, sum_error,
+        mode == RMS_WRITE_DOUBLE_OUT_OF_LINE && near_underflow, unsure, mode);
     const ptrdiff_t size = rms_kind_size(xk);
     const int residual_out_streamed =
         with_residual && row->remade &&
