@@ -39,29 +39,29 @@ typedef struct {
 /*
  * The kernels of one element type on one instruction set.
  *
- * backward_rows reads the weight as n doubles (from widen_weight), and adds
- * each row's grad_output * x_hat into grad_weight_partial (n doubles), in
- * row order, so that the caller can sum partials in a fixed order and stay
- * bit-for-bit deterministic. plan_backward_rows and write_backward_tile do
- * the same in two steps, for rows too long for a partial of their length:
- * each row's reduction pass, then the write pass of every row over columns
- * [column_begin, column_end) only, adding into grad_weight_tile (whose
- * element 0 is column column_begin). Each column gains the same terms in
- * the same order either way.
+ * The backward goes in two steps over a few rows at a time (rms_norm.c
+ * loops over them): plan_backward_rows runs each row's reduction pass,
+ * then write_backward_rows each row's write pass over columns
+ * [column_begin, column_end), adding its grad_output * x_hat into
+ * grad_weight_partial (whose element 0 is column column_begin) in row
+ * order, so that the caller can sum partials in a fixed order and stay
+ * bit-for-bit deterministic. Both read the weight as n doubles (from
+ * widen_weight). A streamed write pass asks for the row `ahead` rows on,
+ * where that is before ahead_end; last says the call's last write pass,
+ * after which streamed stores are fenced.
  */
 typedef struct {
     /* Returns 0, or, for rows with weights or offsets of their own, the
        bytes of the weight's scratch (2n doubles for an offset, and n
        floats) it could not have, having written no row. */
     size_t (*forward_rows)(const rms_forward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end);
-    void (*backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,
-                          const double *weight, double *grad_weight_partial);
     void (*plan_backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin,
                                ptrdiff_t row_end, const double *weight, rms_backward_plan *plans);
-    void (*write_backward_tile)(const rms_backward_problem *p, ptrdiff_t row_begin,
+    void (*write_backward_rows)(const rms_backward_problem *p, ptrdiff_t row_begin,
                                 ptrdiff_t row_end, const rms_backward_plan *plans,
                                 ptrdiff_t column_begin, ptrdiff_t column_end,
-                                const double *weight, double *grad_weight_tile);
+                                const double *weight, double *grad_weight_partial,
+                                ptrdiff_t ahead, ptrdiff_t ahead_end, int last);
     /* The forward's weight as its write passes read it: offset + weight
        as n doubles hi + lo where offset is not NULL, and as floats where
        floats is not NULL (rms_forward_weight_floats an element): n for
@@ -80,6 +80,26 @@ typedef struct {
     /* grad_weight, n doubles, rounded once into the weight's kind. */
     void (*store_weight)(ptrdiff_t n, const double *src, char *dst, ptrdiff_t dst_stride);
 } rms_kernels;
+
+/*
+ * How many rows of float32 x the backward writes together, and in how
+ * many columns at a time (write_backward_rows). A row's write pass reads the
+ * weight and reads and writes grad_weight, 24 bytes of doubles a column,
+ * twice its own operands' 12; with those, past about 1700 columns (48 KiB
+ * of L1) the doubles no longer stay in L1 from one row to the next. Rows
+ * written together, a step of columns each in turn, find that step's
+ * doubles in L1. The row order, and so every sum, is the same. Only
+ * float32 gains: 16-bit rows are written in float, where the conversions,
+ * not the doubles, set the pace, and float64 rows' own operands are as
+ * wide as the doubles (docs/performance.md has the figures).
+ */
+#define RMS_BACKWARD_ROWS_TOGETHER 4
+#define RMS_BACKWARD_COLUMNS_TOGETHER 1024
+
+static inline ptrdiff_t rms_backward_rows_together(rms_kind x)
+{
+    return x == RMS_KIND_F32 ? RMS_BACKWARD_ROWS_TOGETHER : 1;
+}
 
 /* Whether an offset is a float, which float32 x and weight then add to the
    weight in float, exactly (RMS_OFFSET_IN_FLOATS). */

@@ -341,7 +341,7 @@ size_t rms_norm_forward(rms_type type, const rms_forward_problem *problem, ptrdi
  * A partial lives on its thread's stack, a tile of RMS_TILE_COLUMNS
  * columns at most, so that the scratch does not grow with the thread
  * count. Rows longer than a tile are reduced first, then written a tile at
- * a time (plan_backward_rows, write_backward_tile), each tile added into
+ * a time (plan_backward_rows, then write_backward_rows), each tile added into
  * the total in chunk order with a counter of its own. Each column gains
  * the same terms in the same order at any tile size.
  */
@@ -431,6 +431,28 @@ static rms_backward_problem backward_chunk_problem(const rms_backward_problem *p
     return q;
 }
 
+/* Rows [row_begin, row_end) of a problem of rows no longer than a tile,
+   grad_weight's terms into partial: each row's two passes, a few rows at a
+   time (rms_backward_rows_together), so that a row is written while still
+   in cache. A write pass asks for the same row of the next rows written
+   together, and a row written alone for the row two on: the next one is
+   already on its way, and asked for only one row ahead, its last lines
+   arrive after its reduction pass needs them. */
+static void backward_rows(const backward_job *job, const rms_backward_problem *q,
+                          ptrdiff_t row_begin, ptrdiff_t row_end, double *partial)
+{
+    const ptrdiff_t together = rms_backward_rows_together(job->x_kind);
+    const ptrdiff_t ahead = together > 1 ? together : 2;
+    const ptrdiff_t ahead_end = q->ahead_end > row_end ? q->ahead_end : row_end;
+    rms_backward_plan plans[RMS_BACKWARD_ROWS_TOGETHER];
+    for (ptrdiff_t r = row_begin; r < row_end; r += together) {
+        const ptrdiff_t end = row_end - r < together ? row_end : r + together;
+        job->kernels->plan_backward_rows(q, r, end, job->weight, plans);
+        job->kernels->write_backward_rows(q, r, end, plans, 0, q->n, job->weight, partial, ahead,
+                                          ahead_end, end == row_end);
+    }
+}
+
 /* The chunk's rows of the backward, grad_weight's terms into partial,
    which holds columns [0, n) where n is one tile or less; else each tile
    is committed as it is done. */
@@ -445,7 +467,7 @@ static void backward_chunk(backward_job *job, ptrdiff_t chunk, ptrdiff_t begin, 
     const ptrdiff_t n = q.n;
     if (n <= RMS_TILE_COLUMNS) {
         memset(partial, 0, (size_t)n * sizeof(double));
-        job->kernels->backward_rows(&q, first_row, last_row, job->weight, partial);
+        backward_rows(job, &q, first_row, last_row, partial);
         commit_tile(job, 0, chunk, partial, 0, n);
     }
     else {
@@ -454,8 +476,9 @@ static void backward_chunk(backward_job *job, ptrdiff_t chunk, ptrdiff_t begin, 
             const ptrdiff_t first = tile * RMS_TILE_COLUMNS;
             const ptrdiff_t last = n - first < RMS_TILE_COLUMNS ? n : first + RMS_TILE_COLUMNS;
             memset(partial, 0, (size_t)(last - first) * sizeof(double));
-            job->kernels->write_backward_tile(&q, first_row, last_row, plans, first, last,
-                                              job->weight, partial);
+            job->kernels->write_backward_rows(&q, first_row, last_row, plans, first, last,
+                                              job->weight, partial, last_row - first_row,
+                                              q.ahead_end, 1);
             commit_tile(job, tile, chunk, partial, first, last);
         }
     }
@@ -532,7 +555,7 @@ static void backward_run(backward_job *job, const rms_backward_problem *p, ptrdi
     }
     else if (job->chunks.count == 1) {
         const rms_backward_problem q = backward_chunk_problem(p, job->x_kind, 0, rows, job->packed);
-        job->kernels->backward_rows(&q, 0, rows, job->weight, job->total);
+        backward_rows(job, &q, 0, rows, job->total);
         if (job->packed != NULL) {
             rms_rows_unpack(p->grad_input, 0, q.grad_input, rows, p->n,
                             rms_kind_size(job->x_kind));

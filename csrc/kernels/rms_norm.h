@@ -72,8 +72,8 @@ typedef struct {
     rms_matrix grad_residual_out;
     rms_matrix grad_input;
     int stream_output; /* as in rms_forward_problem */
-    /* A streamed row's write pass asks for a row further on (backward_rows
-       and write_backward_tile say which); rows before ahead_end may be
+    /* A streamed row's write pass asks for a row further on (rms_norm.c's
+       loops say which); rows before ahead_end may be
        asked for even past the end of the rows at hand. The driver sets it
        to the problem's row count when one thread takes every chunk, and to
        0 otherwise, where the next chunk is likely another thread's. */

@@ -11,7 +11,7 @@
  *   forward_rows.h      each row's inv_rms and write mode, the rows loop
  *   backward_blocks.h   the backward's operands, one block of its write
  *   backward_extreme.h  its rare rows, out of line
- *   backward.h          each row's plan and write pass, the rows loops
+ *   backward.h          each row's plan and write pass, their table entries
  *
  * Functions that depend on an element type take the storage kind of x
  * (xk), and of the weight (wk) where they need it, as arguments. They are
@@ -94,22 +94,6 @@
                    ? rms_forward_rows_of(xk, wk, 1, 1, p, row_begin, row_end)              \
                    : rms_forward_rows_of(xk, wk, 1, 0, p, row_begin, row_end);             \
     }                                                                                      \
-    static void backward_rows_##name(const rms_backward_problem *p, ptrdiff_t row_begin,   \
-                                     ptrdiff_t row_end, const double *weight,              \
-                                     double *grad_weight_partial)                          \
-    {                                                                                      \
-        rms_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, weight,  \
-                          grad_weight_partial);                                            \
-    }                                                                                      \
-    static void write_backward_tile_##name(                                                \
-        const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,             \
-        const rms_backward_plan *plans, ptrdiff_t column_begin, ptrdiff_t column_end,      \
-        const double *weight, double *grad_weight_tile)                                    \
-    {                                                                                      \
-        rms_write_backward_tile(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,    \
-                                plans, column_begin, column_end, weight,                   \
-                                grad_weight_tile);                                         \
-    }                                                                                      \
     static void widen_weight_##name(ptrdiff_t n, const char *src, ptrdiff_t src_stride,    \
                                     double *dst)                                           \
     {                                                                                      \
@@ -124,8 +108,8 @@ RMS_FOR_EACH_TYPE(RMS_ROW_KERNELS)
 #undef RMS_ROW_KERNELS
 
 #define RMS_TABLE_ENTRY(name, x, weight)                                                   \
-    [RMS_##name] = {forward_rows_##name,       backward_rows_##name,                       \
-                    rms_plan_backward_##name, write_backward_tile_##name,                 \
+    [RMS_##name] = {forward_rows_##name,                                                   \
+                    rms_plan_backward_##name,  rms_write_backward_##name,                  \
                     rms_prepare_forward_weight_##name,                                     \
                     RMS_OFFSET_IN_FLOATS(RMS_KIND_##x, RMS_KIND_##weight),                 \
                     widen_weight_##name,       store_weight_##name},

@@ -1,7 +1,7 @@
 /*
- * The backward: each row's reduction pass (its plan) and write pass, then
- * the rows loops that the table's entries call. Part of the row kernels
- * (row_kernels.h).
+ * The backward: each row's reduction pass (its plan) and write pass, and
+ * the table's two entries that run them over a few rows (kernels.h). Part
+ * of the row kernels (row_kernels.h).
  */
 #ifndef RMSNORM_KERNELS_ROW_BACKWARD_H
 #define RMSNORM_KERNELS_ROW_BACKWARD_H
@@ -202,34 +202,14 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows_of(rms_kind xk, rms_kind wk, int c
     }
 }
 
-/*
- * How many rows of float32 x the backward writes together, and in how
- * many columns at a time. A row's write pass reads the weight and reads and
- * writes grad_weight, 24 bytes of doubles a column, twice its own
- * operands' 12; with those, past about 1700 columns (48 KiB of L1) the
- * doubles no longer stay in L1 from one row to the next. Rows written
- * together, a step of columns each in turn, find that step's doubles in
- * L1. The row order, and so every sum, is the same. Only float32 gains:
- * 16-bit rows are written in float, where the conversions, not the
- * doubles, set the pace, and float64 rows' own operands are as wide as the
- * doubles (docs/performance.md has the figures).
- */
-#define RMS_BACKWARD_ROWS_TOGETHER 4
-#define RMS_BACKWARD_COLUMNS_TOGETHER 1024
-
-RMS_ALWAYS_INLINE ptrdiff_t rms_backward_rows_together(rms_kind xk)
-{
-    return xk == RMS_KIND_F32 ? RMS_BACKWARD_ROWS_TOGETHER : 1;
-}
-
 /* The write passes of the planned rows [row_begin, row_end) over columns
-   [column_begin, column_end), with grad_weight_tile at column_begin. A
+   [column_begin, column_end), with grad_weight_partial at column_begin. A
    streamed row asks for the row `ahead` rows on, where that is before
    ahead_end. */
 RMS_ALWAYS_INLINE void rms_write_backward_rows(
     rms_kind xk, rms_kind wk, int add_residual, int contiguous, const rms_backward_problem *p,
     ptrdiff_t row_begin, ptrdiff_t row_end, const rms_backward_plan *plans,
-    ptrdiff_t column_begin, ptrdiff_t column_end, const double *weight, double *grad_weight_tile,
+    ptrdiff_t column_begin, ptrdiff_t column_end, const double *weight, double *grad_weight_partial,
     ptrdiff_t ahead, ptrdiff_t ahead_end)
 {
     const int streamed = contiguous && p->stream_output;
@@ -260,7 +240,7 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
             o.w = weight + c;
             o.w_stored = rms_element(p->weight, c, ws);
             o.ws = ws;
-            o.grad_weight = grad_weight_tile + (c - column_begin);
+            o.grad_weight = grad_weight_partial + (c - column_begin);
             rms_backward_row_write(xk, wk, &plans[r - row_begin], count, &o, streamed);
         }
     }
@@ -281,42 +261,37 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows(rms_kind xk, rms_kind wk,
     }
 }
 
-/* rms_write_backward_rows, contiguous or not. */
+/* rms_write_backward_rows, contiguous or not; after the call's last
+   rows (last), the fence that its streamed stores need. */
 RMS_ALWAYS_INLINE void rms_write_backward_rows_any(
     rms_kind xk, rms_kind wk, const rms_backward_problem *p, ptrdiff_t row_begin,
     ptrdiff_t row_end, const rms_backward_plan *plans, ptrdiff_t column_begin,
-    ptrdiff_t column_end, const double *weight, double *grad_weight_tile, ptrdiff_t ahead,
-    ptrdiff_t ahead_end)
+    ptrdiff_t column_end, const double *weight, double *grad_weight_partial, ptrdiff_t ahead,
+    ptrdiff_t ahead_end, int last)
 {
     const int add_residual = p->grad_residual_out.data != NULL;
     if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
         rms_write_backward_rows(xk, wk, add_residual, 1, p, row_begin, row_end, plans,
-                                column_begin, column_end, weight, grad_weight_tile, ahead,
+                                column_begin, column_end, weight, grad_weight_partial, ahead,
                                 ahead_end);
     }
     else {
         rms_write_backward_rows(xk, wk, add_residual, 0, p, row_begin, row_end, plans,
-                                column_begin, column_end, weight, grad_weight_tile, ahead,
+                                column_begin, column_end, weight, grad_weight_partial, ahead,
                                 ahead_end);
+    }
+    if (RMS_HAVE_STREAM && last && p->stream_output) {
+        rms_stream_fence();
     }
 }
 
-/* The two passes, a function each for each type: the untiled backward
-   and the tiled one's two steps (kernels.h) call the same code, once a
-   few rows, rather than each inline a copy. Indexed by constants, a
-   direct call. */
-typedef void (*rms_plan_backward_fn)(const rms_backward_problem *p, ptrdiff_t row_begin,
-                                     ptrdiff_t row_end, const double *weight,
-                                     rms_backward_plan *plans);
-typedef void (*rms_write_backward_fn)(const rms_backward_problem *p, ptrdiff_t row_begin,
-                                      ptrdiff_t row_end, const rms_backward_plan *plans,
-                                      ptrdiff_t column_begin, ptrdiff_t column_end,
-                                      const double *weight, double *grad_weight_tile,
-                                      ptrdiff_t ahead, ptrdiff_t ahead_end);
-#define RMS_BACKWARD_PASSES(name, x, weight)                                                  \
-    RMS_NOINLINE void rms_plan_backward_##name(const rms_backward_problem *p,                  \
-                                               ptrdiff_t row_begin, ptrdiff_t row_end,         \
-                                               const double *w, rms_backward_plan *plans)      \
+/* The two steps of the backward, a table entry each for each type: out of
+   line, so that the driver's loops over a few rows at a time, untiled or
+   tiled, call one copy of each. */
+#define RMS_BACKWARD_STEPS(name, x, weight)                                                   \
+    RMS_NOINLINE void rms_plan_backward_##name(const rms_backward_problem *p,                 \
+                                               ptrdiff_t row_begin, ptrdiff_t row_end,        \
+                                               const double *w, rms_backward_plan *plans)     \
     {                                                                                         \
         rms_plan_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, w,     \
                                plans);                                                        \
@@ -324,68 +299,15 @@ typedef void (*rms_write_backward_fn)(const rms_backward_problem *p, ptrdiff_t r
     RMS_NOINLINE void rms_write_backward_##name(                                              \
         const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,                \
         const rms_backward_plan *plans, ptrdiff_t column_begin, ptrdiff_t column_end,         \
-        const double *w, double *grad_weight_tile, ptrdiff_t ahead, ptrdiff_t ahead_end)      \
+        const double *w, double *grad_weight_partial, ptrdiff_t ahead, ptrdiff_t ahead_end,   \
+        int last)                                                                             \
     {                                                                                         \
         rms_write_backward_rows_any(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,   \
-                                    plans, column_begin, column_end, w, grad_weight_tile,     \
-                                    ahead, ahead_end);                                        \
+                                    plans, column_begin, column_end, w, grad_weight_partial,  \
+                                    ahead, ahead_end, last);                                  \
     }
-RMS_FOR_EACH_TYPE(RMS_BACKWARD_PASSES)
-#undef RMS_BACKWARD_PASSES
-#define RMS_PLAN_BACKWARD_ENTRY(name, x, weight)                                              \
-    [RMS_KIND_##x][RMS_KIND_##weight] = rms_plan_backward_##name,
-#define RMS_WRITE_BACKWARD_ENTRY(name, x, weight)                                             \
-    [RMS_KIND_##x][RMS_KIND_##weight] = rms_write_backward_##name,
-static const rms_plan_backward_fn rms_plan_backward[4][4] = {
-    RMS_FOR_EACH_TYPE(RMS_PLAN_BACKWARD_ENTRY)};
-static const rms_write_backward_fn rms_write_backward[4][4] = {
-    RMS_FOR_EACH_TYPE(RMS_WRITE_BACKWARD_ENTRY)};
-#undef RMS_PLAN_BACKWARD_ENTRY
-#undef RMS_WRITE_BACKWARD_ENTRY
-
-/* The backward's rows, reduced and then written while still in cache, a
-   few together (rms_backward_rows_together), with or without
-   grad_residual_out (add_residual: a test per block, well predicted; a
-   code path each would double the backward's compile time). */
-RMS_ALWAYS_INLINE void rms_backward_rows(rms_kind xk, rms_kind wk, const rms_backward_problem *p,
-                                         ptrdiff_t row_begin, ptrdiff_t row_end,
-                                         const double *weight, double *grad_weight_partial)
-{
-    const ptrdiff_t together = rms_backward_rows_together(xk);
-    /* A write pass asks for the same row of the next rows written
-       together, and a row written alone for the row two on: the next one
-       is already on its way, and asked for only one row ahead, its last
-       lines arrive after its reduction pass needs them. */
-    const ptrdiff_t ahead = together > 1 ? together : 2;
-    const ptrdiff_t ahead_end = p->ahead_end > row_end ? p->ahead_end : row_end;
-    rms_backward_plan plans[RMS_BACKWARD_ROWS_TOGETHER];
-    for (ptrdiff_t r = row_begin; r < row_end; r += together) {
-        const ptrdiff_t end = row_end - r < together ? row_end : r + together;
-        rms_plan_backward[xk][wk](p, r, end, weight, plans);
-        rms_write_backward[xk][wk](p, r, end, plans, 0, p->n, weight, grad_weight_partial, ahead,
-                                   ahead_end);
-    }
-    if (RMS_HAVE_STREAM && p->stream_output) {
-        rms_stream_fence();
-    }
-}
-
-/* The tiled backward's second step: the rows' write passes over one tile
-   of columns. A streamed write pass asks for the same tile of the next
-   chunk's rows, which the rows' reduction passes will read next. */
-RMS_ALWAYS_INLINE void rms_write_backward_tile(rms_kind xk, rms_kind wk,
-                                               const rms_backward_problem *p,
-                                               ptrdiff_t row_begin, ptrdiff_t row_end,
-                                               const rms_backward_plan *plans,
-                                               ptrdiff_t column_begin, ptrdiff_t column_end,
-                                               const double *weight, double *grad_weight_tile)
-{
-    rms_write_backward[xk][wk](p, row_begin, row_end, plans, column_begin, column_end, weight,
-                               grad_weight_tile, row_end - row_begin, p->ahead_end);
-    if (RMS_HAVE_STREAM && p->stream_output) {
-        rms_stream_fence();
-    }
-}
+RMS_FOR_EACH_TYPE(RMS_BACKWARD_STEPS)
+#undef RMS_BACKWARD_STEPS
 
 /* The backward's weight as doubles, and grad_weight back into its kind. */
 RMS_ALWAYS_INLINE void rms_widen_weight(rms_kind wk, ptrdiff_t n, const char *src,
