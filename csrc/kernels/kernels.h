@@ -39,16 +39,17 @@ typedef struct {
 /*
  * The kernels of one element type on one instruction set.
  *
- * The backward goes in two steps over a few rows at a time (rms_norm.c
- * loops over them): plan_backward_rows runs each row's reduction pass,
- * then write_backward_rows each row's write pass over columns
- * [column_begin, column_end), adding its grad_output * x_hat into
- * grad_weight_partial (whose element 0 is column column_begin) in row
- * order, so that the caller can sum partials in a fixed order and stay
- * bit-for-bit deterministic. Both read the weight as n doubles (from
- * widen_weight). A streamed write pass asks for the row `ahead` rows on,
- * where that is before ahead_end; last says the call's last write pass,
- * after which streamed stores are fenced.
+ * The backward goes in two steps, which rms_norm.c calls a few rows at a
+ * time, or for a chunk's rows a tile of columns at a time:
+ * plan_backward_rows runs each row's reduction pass, then
+ * write_backward_rows each row's write pass over columns [column_begin,
+ * column_end), adding its grad_output * x_hat into grad_weight_partial
+ * (whose element 0 is column column_begin) in row order, so that the
+ * caller can sum partials in a fixed order and stay bit-for-bit
+ * deterministic. Both read the weight as n doubles (from widen_weight). A
+ * streamed write pass asks for the row `ahead` rows on, where that is
+ * before ahead_end; with fence set, its streamed stores are fenced before
+ * it returns, since the caller then adds up or hands back what they wrote.
  */
 typedef struct {
     /* Returns 0, or, for rows with weights or offsets of their own, the
@@ -61,7 +62,7 @@ typedef struct {
                                 ptrdiff_t row_end, const rms_backward_plan *plans,
                                 ptrdiff_t column_begin, ptrdiff_t column_end,
                                 const double *weight, double *grad_weight_partial,
-                                ptrdiff_t ahead, ptrdiff_t ahead_end, int last);
+                                ptrdiff_t ahead, ptrdiff_t ahead_end, int fence);
     /* The forward's weight as its write passes read it: offset + weight
        as n doubles hi + lo where offset is not NULL, and as floats where
        floats is not NULL (rms_forward_weight_floats an element): n for
@@ -82,8 +83,8 @@ typedef struct {
 } rms_kernels;
 
 /*
- * How many rows of float32 x the backward writes together, and in how
- * many columns at a time (write_backward_rows). A row's write pass reads the
+ * How many rows of float32 x the backward writes together (the driver's
+ * loop), and in how many columns at a time (write_backward_rows). A row's write pass reads the
  * weight and reads and writes grad_weight, 24 bytes of doubles a column,
  * twice its own operands' 12; with those, past about 1700 columns (48 KiB
  * of L1) the doubles no longer stay in L1 from one row to the next. Rows

@@ -431,13 +431,14 @@ static rms_backward_problem backward_chunk_problem(const rms_backward_problem *p
     return q;
 }
 
-/* Rows [row_begin, row_end) of a problem of rows no longer than a tile,
-   grad_weight's terms into partial: each row's two passes, a few rows at a
-   time (rms_backward_rows_together), so that a row is written while still
-   in cache. A write pass asks for the same row of the next rows written
-   together, and a row written alone for the row two on: the next one is
-   already on its way, and asked for only one row ahead, its last lines
-   arrive after its reduction pass needs them. */
+/* Rows [row_begin, row_end) written whole (rows no longer than a tile, or
+   a call of one chunk), grad_weight's terms into partial: each row's two
+   passes, a few rows at a time (rms_backward_rows_together), so that a row
+   is written while still in cache. A write pass asks for the same row of
+   the next rows written together, and a row written alone for the row two
+   on: the next one is already on its way, and asked for only one row
+   ahead, its last lines arrive after its reduction pass needs them. The
+   call's own rows may always be asked for, past the problem's ahead_end. */
 static void backward_rows(const backward_job *job, const rms_backward_problem *q,
                           ptrdiff_t row_begin, ptrdiff_t row_end, double *partial)
 {
@@ -476,6 +477,8 @@ static void backward_chunk(backward_job *job, ptrdiff_t chunk, ptrdiff_t begin, 
             const ptrdiff_t first = tile * RMS_TILE_COLUMNS;
             const ptrdiff_t last = n - first < RMS_TILE_COLUMNS ? n : first + RMS_TILE_COLUMNS;
             memset(partial, 0, (size_t)(last - first) * sizeof(double));
+            /* a streamed tile asks for the same tile of the next chunk's
+               rows, which their reduction passes will read next */
             job->kernels->write_backward_rows(&q, first_row, last_row, plans, first, last,
                                               job->weight, partial, last_row - first_row,
                                               q.ahead_end, 1);

@@ -73,10 +73,11 @@ typedef struct {
     rms_matrix grad_input;
     int stream_output; /* as in rms_forward_problem */
     /* A streamed row's write pass asks for a row further on (rms_norm.c's
-       loops say which); rows before ahead_end may be
-       asked for even past the end of the rows at hand. The driver sets it
-       to the problem's row count when one thread takes every chunk, and to
-       0 otherwise, where the next chunk is likely another thread's. */
+       backward_rows and backward_chunk say which); rows before ahead_end
+       may be asked for even past the end of the rows at hand. The driver
+       sets it to the problem's row count when one thread takes every
+       chunk, and to 0 otherwise, where the next chunk is likely another
+       thread's. */
     ptrdiff_t ahead_end;
 } rms_backward_problem;
 

@@ -109,7 +109,7 @@ RMS_FOR_EACH_TYPE(RMS_ROW_KERNELS)
 
 #define RMS_TABLE_ENTRY(name, x, weight)                                                   \
     [RMS_##name] = {forward_rows_##name,                                                   \
-                    rms_plan_backward_##name,  rms_write_backward_##name,                  \
+                    plan_backward_rows_##name, write_backward_rows_##name,                 \
                     rms_prepare_forward_weight_##name,                                     \
                     RMS_OFFSET_IN_FLOATS(RMS_KIND_##x, RMS_KIND_##weight),                 \
                     widen_weight_##name,       store_weight_##name},

@@ -261,13 +261,15 @@ RMS_ALWAYS_INLINE void rms_plan_backward_rows(rms_kind xk, rms_kind wk,
     }
 }
 
-/* rms_write_backward_rows, contiguous or not; after the call's last
-   rows (last), the fence that its streamed stores need. */
+/* rms_write_backward_rows, contiguous or not, with or without
+   grad_residual_out (add_residual: a test per block, well predicted; a
+   code path each would double the backward's compile time); with fence,
+   the fence that its streamed stores need. */
 RMS_ALWAYS_INLINE void rms_write_backward_rows_any(
     rms_kind xk, rms_kind wk, const rms_backward_problem *p, ptrdiff_t row_begin,
     ptrdiff_t row_end, const rms_backward_plan *plans, ptrdiff_t column_begin,
     ptrdiff_t column_end, const double *weight, double *grad_weight_partial, ptrdiff_t ahead,
-    ptrdiff_t ahead_end, int last)
+    ptrdiff_t ahead_end, int fence)
 {
     const int add_residual = p->grad_residual_out.data != NULL;
     if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
@@ -280,31 +282,31 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows_any(
                                 column_begin, column_end, weight, grad_weight_partial, ahead,
                                 ahead_end);
     }
-    if (RMS_HAVE_STREAM && last && p->stream_output) {
+    if (RMS_HAVE_STREAM && fence && p->stream_output) {
         rms_stream_fence();
     }
 }
 
 /* The two steps of the backward, a table entry each for each type: out of
-   line, so that the driver's loops over a few rows at a time, untiled or
-   tiled, call one copy of each. */
+   line, so that the driver's two loops, over a few rows at a time and over
+   a chunk's tiles, call one copy of each. */
 #define RMS_BACKWARD_STEPS(name, x, weight)                                                   \
-    RMS_NOINLINE void rms_plan_backward_##name(const rms_backward_problem *p,                 \
+    RMS_NOINLINE void plan_backward_rows_##name(const rms_backward_problem *p,                \
                                                ptrdiff_t row_begin, ptrdiff_t row_end,        \
                                                const double *w, rms_backward_plan *plans)     \
     {                                                                                         \
         rms_plan_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, w,     \
                                plans);                                                        \
     }                                                                                         \
-    RMS_NOINLINE void rms_write_backward_##name(                                              \
+    RMS_NOINLINE void write_backward_rows_##name(                                             \
         const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,                \
         const rms_backward_plan *plans, ptrdiff_t column_begin, ptrdiff_t column_end,         \
         const double *w, double *grad_weight_partial, ptrdiff_t ahead, ptrdiff_t ahead_end,   \
-        int last)                                                                             \
+        int fence)                                                                            \
     {                                                                                         \
         rms_write_backward_rows_any(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,   \
                                     plans, column_begin, column_end, w, grad_weight_partial,  \
-                                    ahead, ahead_end, last);                                  \
+                                    ahead, ahead_end, fence);                                 \
     }
 RMS_FOR_EACH_TYPE(RMS_BACKWARD_STEPS)
 #undef RMS_BACKWARD_STEPS
