@@ -28,7 +28,10 @@
  * 16 rows a chunk (2048x4096) that was an eighth of the reductions, at 8
  * (4096x8192) a quarter. On one thread, one chunk took 2 to 13% less
  * time there in float64, float16 and bfloat16, and float32 0 to 3% less;
- * on two, 8 chunks a thread 3 to 9% less (Xeon, 2 CPUs).
+ * on two, 8 chunks a thread 3 to 9% less (Xeon, 2 CPUs). A forward row's
+ * output does not depend on its chunk; the backward's chunks fix the
+ * order in which grad_weight is summed, and stay the same for any thread
+ * count.
  */
 #define RMS_FORWARD_CHUNKS_PER_THREAD 8
 /* A problem of fewer elements than two chunks stays on the calling thread;
