@@ -22,16 +22,12 @@
 #define RMS_CHUNK_ELEMENTS 65536
 /*
  * The forward's chunks are made larger where that leaves each thread this
- * many (one thread takes all rows as one chunk). Its write passes reduce
- * the next row only within a chunk: a chunk's first row is reduced on its
- * own, from memory, and so is its last where the output is streamed. At
- * 16 rows a chunk (2048x4096) that was an eighth of the reductions, at 8
- * (4096x8192) a quarter. On one thread, one chunk took 2 to 13% less
- * time there in float64, float16 and bfloat16, and float32 0 to 3% less;
- * on two, 8 chunks a thread 3 to 9% less (Xeon, 2 CPUs). A forward row's
- * output does not depend on its chunk; the backward's chunks fix the
- * order in which grad_weight is summed, and stay the same for any thread
- * count.
+ * many, and one thread takes all rows as one chunk: a write pass reduces
+ * the next row only within its chunk, so each chunk's first row (and,
+ * where the output is streamed, its last) is reduced on its own, from
+ * memory (docs/performance.md has the figures). A forward row's output
+ * does not depend on its chunk; the backward's chunks fix the order in
+ * which grad_weight is summed, and stay the same for any thread count.
  */
 #define RMS_FORWARD_CHUNKS_PER_THREAD 8
 /* A problem of fewer elements than two chunks stays on the calling thread;
@@ -66,8 +62,8 @@ static void row_chunks_init(row_chunks *chunks, ptrdiff_t rows, ptrdiff_t n,
     atomic_init(&chunks->next, 0);
 }
 
-/* Chunks made larger, where that leaves each of threads threads at least
-   per_thread of them (one thread: a single chunk). */
+/* Chunks made larger, where that still leaves each thread per_thread of
+   them (one thread: a single chunk). */
 static void row_chunks_widen(row_chunks *chunks, int threads, ptrdiff_t per_thread)
 {
     const ptrdiff_t parts = threads == 1 ? 1 : threads * per_thread;
