@@ -2,6 +2,7 @@
 
     python benchmarks/compare_builds.py OTHER_CORE_SO [--repeats N] [--fused]
         [--offset OFFSET] [--dtypes D,...] [--shapes ROWSxN,...] [--threads T]
+        [--processes N] [--placement BYTES]
 
 OTHER_CORE_SO is the ``rmsnorm/_core*.so`` of another build, for example one
 of an older commit made with ``git worktree add /tmp/old COMMIT`` and
@@ -16,6 +17,15 @@ machine noise hits both builds alike. With
 (``out=(y, h)``, h an array of its own) and ``add_backward``. With
 ``--offset``, the gufuncs that take a weight offset (``forward_offset``
 and the rest), with that one; ``--shapes 1x4096`` times a single row's path.
+
+Both builds run on the instruction set rmsnorm chose (``RMSNORM_ISA``
+applies to both). With ``--processes N``, each build is instead timed in
+processes of its own, N of each, taking turns, and the table gives the
+median of their ratios: loaded into one process, two builds have timed
+alike where, each alone, one was a tenth faster (docs/performance.md).
+Every array starts on a page, as in bench.py; ``--placement BYTES``
+starts them that far into their pages instead (64 as a torch tensor's may,
+16 as NumPy's large arrays do), where a change may move otherwise.
 """
 
 from __future__ import annotations
@@ -23,13 +33,15 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import importlib.util
+import json
 import statistics
+import subprocess
 import sys
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from bench import at_page_offset, page_aligned, sample_seconds
+from bench import at_page_offset, sample_seconds
 
 import rmsnorm
 from rmsnorm._dtypes import BF16, resolve_dtype
@@ -47,21 +59,28 @@ def load_other(path: Path):
     return module
 
 
-def time_shape(other, rows: int, n: int, dtype, repeats: int, fused: bool,
-               offset: float | None = None) -> dict:
+def placed(values: np.ndarray, placement: int) -> np.ndarray:
+    """A copy of values whose data starts placement bytes into a page."""
+    copy = at_page_offset(values.shape, values.dtype, placement)
+    copy[...] = values
+    return copy
+
+
+def time_shape(builds: dict, rows: int, n: int, dtype, repeats: int, fused: bool,
+               offset: float | None = None, placement: int = 0) -> dict:
     """Median seconds of the copy and of each build's forward and backward
     (with fused, add_forward and add_backward; with an offset, the
-    gufuncs that take one)."""
+    gufuncs that take one), every array starting placement bytes into a page."""
     rng = np.random.default_rng(0)
-    x, dy, residual, dh = (page_aligned(rng.standard_normal((rows, n)).astype(dtype))
+    x, dy, residual, dh = (placed(rng.standard_normal((rows, n)).astype(dtype), placement)
                            for _ in range(4))
-    w = page_aligned(rng.uniform(0.5, 1.5, n).astype(dtype))
+    w = placed(rng.uniform(0.5, 1.5, n).astype(dtype), placement)
     eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
-    y, h, dx, scratch = (at_page_offset(x.shape, dtype, 0) for _ in range(4))
-    dw = at_page_offset(w.shape, dtype, 0)
+    y, h, dx, scratch = (at_page_offset(x.shape, dtype, placement) for _ in range(4))
+    dw = at_page_offset(w.shape, dtype, placement)
     candidates = {"copy": lambda: np.copyto(scratch, x)}
     suffix, factor = ("", ()) if offset is None else ("_offset", (np.float64(offset),))
-    for name, build in (("this", rmsnorm), ("other", other)):
+    for name, build in builds.items():
         if fused:
             candidates[f"fwd {name}"] = partial(getattr(build, "add_forward" + suffix), x,
                                                 residual, w, *factor, eps, out=(y, h))
@@ -81,13 +100,13 @@ def time_shape(other, rows: int, n: int, dtype, repeats: int, fused: bool,
         # other left them as often: in one fixed order, or the whole order
         # reversed every other repeat, one build was favoured at shapes
         # that fit in L3 (the fused backward at 2048x4096 by 4%).
-        builds = ("this", "other") if repeat % 2 == 0 else ("other", "this")
-        for name in ["copy"] + [f"{kind} {build}" for kind in ("fwd", "bwd") for build in builds]:
+        order = list(builds) if repeat % 2 == 0 else list(builds)[::-1]
+        for name in ["copy"] + [f"{kind} {build}" for kind in ("fwd", "bwd") for build in order]:
             samples[name].append(sample_seconds(candidates[name], 0.05))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("other", type=Path, help="the other build's rmsnorm/_core*.so")
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats (median)")
@@ -101,27 +120,83 @@ def main(argv=None) -> int:
                         help="comma-separated ROWSxN shapes (default the benchmark's)")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads of both builds (default 1)")
-    args = parser.parse_args(argv)
-    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
-    other = load_other(args.other)
-    dtypes = [resolve_dtype(name) for name in args.dtypes.split(",")]
-    if BF16 is not None and BF16 in dtypes:
-        other._register_bfloat16(BF16)
+    parser.add_argument("--processes", type=int, default=0,
+                        help="time each build in N processes of its own (default: both in this one)")
+    parser.add_argument("--placement", type=int, default=0,
+                        help="bytes into its page at which every array starts (default 0)")
+    parser.add_argument("--only", choices=("this", "other"), help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def loaded_builds(args, names) -> dict:
+    """The builds named ("this", "other"), on rmsnorm's instruction set and threads."""
     rmsnorm.set_num_threads(args.threads)
-    other.set_num_threads(args.threads)
+    builds = {}
+    for name in names:
+        if name == "this":
+            builds[name] = rmsnorm
+            continue
+        other = load_other(args.other)
+        if BF16 is not None:
+            other._register_bfloat16(BF16)
+        # RMSNORM_ISA is read by rmsnorm's Python layer, not by the module
+        other._set_isa(rmsnorm._core._isa()[0])
+        other.set_num_threads(args.threads)
+        builds[name] = other
+    return builds
+
+
+def ratios_here(args, names) -> dict:
+    """Each cell's times over the copy's, of the builds named, timed in this process."""
+    builds = loaded_builds(args, names)
+    ratios = {}
+    for rows, n in args.shape_list:
+        for dtype in args.dtype_list:
+            t = time_shape(builds, rows, n, dtype, args.repeats, args.fused, args.offset,
+                           args.placement)
+            ratios[f"{rows}x{n} {dtype.name}"] = {
+                key: value / t["copy"] for key, value in t.items() if key != "copy"}
+    return ratios
+
+
+def ratios_in_processes(args, argv) -> dict:
+    """The medians of each build's ratios over args.processes processes of
+    its own, the two builds taking turns to go first."""
+    runs = []
+    for turn in range(args.processes):
+        for name in ("this", "other") if turn % 2 == 0 else ("other", "this"):
+            child = subprocess.run([sys.executable, __file__, *argv, "--only", name],
+                                   check=True, capture_output=True, text=True)
+            runs.append(json.loads(child.stdout))
+    return {cell: {key: statistics.median(run[cell][key] for run in runs if key in run[cell])
+                   for key in ("fwd this", "fwd other", "bwd this", "bwd other")}
+            for cell in runs[0]}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    args.shape_list = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
+    args.dtype_list = [resolve_dtype(name) for name in args.dtypes.split(",")]
+    if args.only is not None:
+        print(json.dumps(ratios_here(args, [args.only])))
+        return 0
     print(f"this build: {rmsnorm._core.__file__}\nother build: {args.other}\n"
-          f"threads: {args.threads}"
-          + ("" if args.offset is None else f", weight offset {args.offset}") + "\n")
+          f"threads: {args.threads}, kernels: {rmsnorm._core._isa()[0]}"
+          + ("" if args.offset is None else f", weight offset {args.offset}")
+          + (f", {args.processes} processes of each build" if args.processes else "")
+          + (f", arrays {args.placement} bytes into their pages" if args.placement else "")
+          + "\n")
     fwd, bwd = ("add_forward", "add_backward") if args.fused else ("fwd", "bwd")
     print(f"| shape | dtype | {fwd} / copy: this | other | {bwd} / copy: this | other |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for rows, n in shapes:
-        for dtype in dtypes:
-            t = time_shape(other, rows, n, dtype, args.repeats, args.fused, args.offset)
-            c = t["copy"]
-            print(f"| {rows}x{n} | {dtype.name} | {t['fwd this'] / c:.2f} "
-                  f"| {t['fwd other'] / c:.2f} | {t['bwd this'] / c:.2f} "
-                  f"| {t['bwd other'] / c:.2f} |", flush=True)
+    if args.processes:
+        ratios = ratios_in_processes(args, argv)
+    else:
+        ratios = ratios_here(args, ["this", "other"])
+    for cell, r in ratios.items():
+        print(f"| {cell.replace(' ', ' | ')} | {r['fwd this']:.2f} | {r['fwd other']:.2f} "
+              f"| {r['bwd this']:.2f} | {r['bwd other']:.2f} |", flush=True)
     return 0
 
 
