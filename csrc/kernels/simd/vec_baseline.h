@@ -88,6 +88,8 @@
  *   rms_vd_accumulate(compensated, product_exact, &sum, &comp, a, b)
  *                               a * b added to sum, its errors to comp where
  *                               compensated
+ *   rms_vd_in_register(v)       v, which the code after it reads from a
+ *                               register, not from memory again
  *
  * Rounding to odd is what lets a value be rounded twice, first to float and
  * then to 16 bits, as if once: the float keeps, in its last bit, whether

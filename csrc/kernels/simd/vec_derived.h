@@ -18,6 +18,20 @@
 #include "../types.h"
 #include "common.h"
 
+/* v, which the code after it reads from a register. gcc's generic tuning
+   otherwise folds v's load into every instruction that reads it, and on
+   Intel cores an indexed memory operand of a three-operand instruction
+   costs two micro-ops. The empty asm takes v in a vector register ("v":
+   any of them, on x86) and gives it back; a double of the portable
+   vocabulary needs nothing. */
+RMS_ALWAYS_INLINE rms_vd rms_vd_in_register(rms_vd v)
+{
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && RMS_VD_WIDTH > 1
+    __asm__("" : "+v"(v));
+#endif
+    return v;
+}
+
 /* RMS_VF_WIDTH floats to float16 or bfloat16 patterns, each rounded once
    to nearest, ties to even. */
 RMS_ALWAYS_INLINE rms_vh rms_vf_narrow16(rms_kind kind, rms_vf v)
