@@ -163,17 +163,20 @@ RMS_ALWAYS_INLINE rms_backward_row_operands rms_backward_row_at(
     return o;
 }
 
-/* Whether every element stride is its kind's size, the weight's too
-   (the driver packs a strided weight, so that it is unless memory ran
-   out). Where they are, the strides are constants, which the 16-bit write
-   loop needs to keep no addresses of its own a step. */
-RMS_ALWAYS_INLINE int rms_backward_is_contiguous(rms_kind xk, rms_kind wk, int add_residual,
-                                                 const rms_backward_problem *p)
+/* Whether the contiguous rows loop takes the problem: every element
+   stride is its kind's size, the weight's too (the driver packs a strided
+   weight, so that it is unless memory ran out), or this build has no
+   strided loop (RMS_STRIDED_ROWS). Where they are, the strides are
+   constants, which the 16-bit write loop needs to keep no addresses of
+   its own a step. */
+RMS_ALWAYS_INLINE int rms_backward_rows_are_contiguous(rms_kind xk, rms_kind wk,
+                                                       const rms_backward_problem *p)
 {
     const ptrdiff_t es = rms_kind_size(xk);
-    return p->grad_output.stride == es && p->x.stride == es && p->grad_input.stride == es &&
-           p->weight_stride == rms_kind_size(wk) &&
-           (!add_residual || p->grad_residual_out.stride == es);
+    return !RMS_STRIDED_ROWS ||
+           (p->grad_output.stride == es && p->x.stride == es && p->grad_input.stride == es &&
+            p->weight_stride == rms_kind_size(wk) &&
+            (p->grad_residual_out.data == NULL || p->grad_residual_out.stride == es));
 }
 
 RMS_ALWAYS_INLINE double rms_backward_eps(rms_kind xk, const rms_backward_problem *p)
@@ -246,57 +249,25 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
     }
 }
 
-/* The reduction passes of rows [row_begin, row_end), contiguous or not. */
-RMS_ALWAYS_INLINE void rms_plan_backward_rows(rms_kind xk, rms_kind wk,
-                                              const rms_backward_problem *p, ptrdiff_t row_begin,
-                                              ptrdiff_t row_end, const double *weight,
-                                              rms_backward_plan *plans)
-{
-    const int add_residual = p->grad_residual_out.data != NULL;
-    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
-        rms_plan_backward_rows_of(xk, wk, 1, p, row_begin, row_end, weight, plans);
-    }
-    else {
-        rms_plan_backward_rows_of(xk, wk, 0, p, row_begin, row_end, weight, plans);
-    }
-}
-
-/* rms_write_backward_rows, contiguous or not, with or without
-   grad_residual_out (add_residual: a test per block, well predicted; a
-   code path each would double the backward's compile time); with fence,
-   the fence that its streamed stores need. */
-RMS_ALWAYS_INLINE void rms_write_backward_rows_any(
-    rms_kind xk, rms_kind wk, const rms_backward_problem *p, ptrdiff_t row_begin,
-    ptrdiff_t row_end, const rms_backward_plan *plans, ptrdiff_t column_begin,
-    ptrdiff_t column_end, const double *weight, double *grad_weight_partial, ptrdiff_t ahead,
-    ptrdiff_t ahead_end, int fence)
-{
-    const int add_residual = p->grad_residual_out.data != NULL;
-    if (!RMS_STRIDED_ROWS || rms_backward_is_contiguous(xk, wk, add_residual, p)) {
-        rms_write_backward_rows(xk, wk, add_residual, 1, p, row_begin, row_end, plans,
-                                column_begin, column_end, weight, grad_weight_partial, ahead,
-                                ahead_end);
-    }
-    else {
-        rms_write_backward_rows(xk, wk, add_residual, 0, p, row_begin, row_end, plans,
-                                column_begin, column_end, weight, grad_weight_partial, ahead,
-                                ahead_end);
-    }
-    if (RMS_HAVE_STREAM && fence && p->stream_output) {
-        rms_stream_fence();
-    }
-}
-
 /* The two steps of the backward, a table entry each for each type: out of
    line, so that the driver's two loops, over a few rows at a time and over
-   a chunk's tiles, call one copy of each. */
+   a chunk's tiles, call one copy of each. Each runs the contiguous rows
+   loop or the strided one, a constant each; the write's is with or without
+   grad_residual_out (add_residual: a test per block, well predicted; a
+   code path each would double the backward's compile time), and with
+   fence, the fence that its streamed stores need. */
 #define RMS_BACKWARD_STEPS(name, x, weight)                                                   \
     RMS_NOINLINE void plan_backward_rows_##name(const rms_backward_problem *p,                \
                                                ptrdiff_t row_begin, ptrdiff_t row_end,        \
                                                const double *w, rms_backward_plan *plans)     \
     {                                                                                         \
-        rms_plan_backward_rows(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end, w,     \
-                               plans);                                                        \
+        const rms_kind xk = RMS_KIND_##x, wk = RMS_KIND_##weight;                             \
+        if (rms_backward_rows_are_contiguous(xk, wk, p)) {                                    \
+            rms_plan_backward_rows_of(xk, wk, 1, p, row_begin, row_end, w, plans);            \
+        }                                                                                     \
+        else {                                                                                \
+            rms_plan_backward_rows_of(xk, wk, 0, p, row_begin, row_end, w, plans);            \
+        }                                                                                     \
     }                                                                                         \
     RMS_NOINLINE void write_backward_rows_##name(                                             \
         const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,                \
@@ -304,9 +275,21 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows_any(
         const double *w, double *grad_weight_partial, ptrdiff_t ahead, ptrdiff_t ahead_end,   \
         int fence)                                                                            \
     {                                                                                         \
-        rms_write_backward_rows_any(RMS_KIND_##x, RMS_KIND_##weight, p, row_begin, row_end,   \
-                                    plans, column_begin, column_end, w, grad_weight_partial,  \
-                                    ahead, ahead_end, fence);                                 \
+        const rms_kind xk = RMS_KIND_##x, wk = RMS_KIND_##weight;                             \
+        const int add_residual = p->grad_residual_out.data != NULL;                           \
+        if (rms_backward_rows_are_contiguous(xk, wk, p)) {                                    \
+            rms_write_backward_rows(xk, wk, add_residual, 1, p, row_begin, row_end, plans,    \
+                                    column_begin, column_end, w, grad_weight_partial, ahead,  \
+                                    ahead_end);                                               \
+        }                                                                                     \
+        else {                                                                                \
+            rms_write_backward_rows(xk, wk, add_residual, 0, p, row_begin, row_end, plans,    \
+                                    column_begin, column_end, w, grad_weight_partial, ahead,  \
+                                    ahead_end);                                               \
+        }                                                                                     \
+        if (RMS_HAVE_STREAM && fence && p->stream_output) {                                   \
+            rms_stream_fence();                                                               \
+        }                                                                                     \
     }
 RMS_FOR_EACH_TYPE(RMS_BACKWARD_STEPS)
 #undef RMS_BACKWARD_STEPS
