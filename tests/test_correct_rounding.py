@@ -509,10 +509,10 @@ def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa):
 
 
 # Long rows whose every vector block holds near-tie outputs, so that the
-# fast 16-bit write is unsure of each block and leaves it to the double
-# write: more such blocks than a row's write loop keeps aside at once, in
-# rows written in cache and in rows streamed to memory (past 16 MiB),
-# into a new array and over x itself.
+# fast 16-bit or float32 write is unsure of each block and leaves it to the
+# double write: more such blocks than a row's write loop keeps aside at
+# once, in rows written in cache and in rows streamed to memory (past 16
+# MiB), into a new array and over x itself.
 NEAR_TIE_COLUMNS = 5 * 819
 NEAR_TIE_ROWS = {"in cache": 3, "streamed": (16 << 20) // (2 * NEAR_TIE_COLUMNS) + 1}
 
@@ -520,7 +520,7 @@ NEAR_TIE_ROWS = {"in cache": 3, "streamed": (16 << 20) // (2 * NEAR_TIE_COLUMNS)
 @pytest.mark.parametrize("rows", NEAR_TIE_ROWS.values(), ids=NEAR_TIE_ROWS.keys())
 @pytest.mark.parametrize("in_place", [False, True], ids=["new", "in-place"])
 @pytest.mark.parametrize("side", [0, 1, -1], ids=["tie", "below-tie", "above-tie"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_place, rows, isa):
     """x = [3, 3, 1, 1, 0] repeated has mean(x**2) = 4, so y = 1.5 w / sqrt(1 +
     eps / 4) where x = 3: with w's last bit 1 and its significand below 4/3,
@@ -538,7 +538,7 @@ def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_plac
     magnitude = (rng.uniform(1.0, 1.3, NEAR_TIE_COLUMNS)
                  * 2.0 ** rng.integers(-1, 2, NEAR_TIE_COLUMNS)
                  * rng.choice([-1.0, 1.0], NEAR_TIE_COLUMNS))
-    bits = BITS[2]
+    bits = BITS[np.dtype(dtype).itemsize]
     w = (magnitude.astype(dtype).view(bits) | bits(1)).view(dtype)
     x = np.tile(np.array([3, 3, 1, 1, 0], dtype), (rows, NEAR_TIE_COLUMNS // 5))
     eps = np.float32(side * 2.0**-28)
@@ -546,10 +546,12 @@ def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_plac
     y = rmsnorm.forward(x, w, eps, out=x) if in_place else rmsnorm.forward(x, w, eps)
 
     # 1.5 w is exact in float64; nudged by 2^-12 of itself toward the side
-    # asked, it lies well inside the interval that rounds to that neighbour
-    # (half an ulp is 2^-12 relative at least for float16, 2^-9 for bfloat16)
-    # and converts to it even through float32
-    near_tie = (1.5 * w.astype(np.float64) * (1.0 - side * 2.0**-12)).astype(dtype)
+    # asked (2^-27 for float32), it lies well inside the interval that rounds
+    # to that neighbour (half an ulp is 2^-12 relative at least for float16,
+    # 2^-9 for bfloat16, 2^-25 for float32) and converts to it even through
+    # float32
+    nudge = 2.0**-27 if dtype == np.float32 else 2.0**-12
+    near_tie = (1.5 * w.astype(np.float64) * (1.0 - side * nudge)).astype(dtype)
     expected = np.where(np.tile([True, True, False, False, False], NEAR_TIE_COLUMNS // 5),
                         near_tie, (0.5 * w.astype(np.float64)).astype(dtype))
     expected = np.where(np.arange(NEAR_TIE_COLUMNS) % 5 == 4, (0.0 * w).astype(dtype), expected)

@@ -93,10 +93,11 @@ RMS_ALWAYS_INLINE int rms_mode_is_fast(rms_write_mode mode)
            mode == RMS_WRITE_OFFSET32_IN_BLOCKS;
 }
 
-/* Whether a write mode's unsure blocks can wait for the end of the step. */
+/* Whether a write mode's unsure blocks can wait for the end of the step:
+   the fast writes that leave no state of their own to a block in double. */
 RMS_ALWAYS_INLINE int rms_mode_may_defer(rms_write_mode mode)
 {
-    return mode == RMS_WRITE_FAST16;
+    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT;
 }
 
 /* A block with an offset written in double, out of line: from the row's
@@ -472,11 +473,11 @@ RMS_ALWAYS_INLINE int rms_forward_block(rms_kind xk, rms_kind wk, rms_write_mode
     return 1;
 }
 
-/* The blocks of a row's write loop that the fast 16-bit path was unsure
-   of, to be written in double once the loop has stopped: a call inside the
-   loop, even on a path it rarely takes, made the compiler keep the loop's
-   state in memory and spill its registers there (the bfloat16 forward took
-   a seventh longer in cache). */
+/* The blocks of a row's write loop that the fast 16-bit or float32 path
+   was unsure of, to be written in double once the loop has stopped: a
+   call inside the loop, even on a path it rarely takes, made the compiler
+   keep the loop's state in memory and spill its registers there (the
+   bfloat16 forward took a seventh longer in cache). */
 #define RMS_DEFERRED_BLOCKS 32
 typedef struct {
     ptrdiff_t at[RMS_DEFERRED_BLOCKS];
