@@ -380,9 +380,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
     int near_underflow = 0; /* where check_underflow: rms_forward_block_near_underflow */
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
-        /* read three times each: loaded once (docs/performance.md) */
-        const rms_vd xh = rms_vd_in_register(xv.part[h]);
-        const rms_vd wh = rms_vd_in_register(wv.part[h]);
+        const rms_vd xh = rms_vd_in_register(xv.part[h]), wh = rms_vd_in_register(wv.part[h]);
         if (rms_kind_is_float_exact(xk) && rms_kind_is_float_exact(wk) && w_lo == NULL) {
             hi.part[h] = rms_vd_float_product_times(xh, wh, inv_hi, inv_lo, &err.part[h]);
             continue;
