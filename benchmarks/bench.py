@@ -228,8 +228,9 @@ def at_page_offset(shape: tuple[int, ...], dtype, offset: int) -> np.ndarray:
     return buffer[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def page_aligned(values: np.ndarray) -> np.ndarray:
-    """A copy of ``values`` whose data starts on a page boundary.
+def page_aligned(values: np.ndarray, offset: int = 0) -> np.ndarray:
+    """A copy of ``values`` whose data starts on a page boundary (or
+    ``offset`` bytes past one).
 
     Where an output starts a little past an input in their pages, loads wait
     on stores they do not depend on (4K aliasing; benchmarks/aliasing.py
@@ -237,7 +238,7 @@ def page_aligned(values: np.ndarray) -> np.ndarray:
     heap's history, so every array here starts on a page: the figures then
     do not move with it, for any candidate.
     """
-    aligned = at_page_offset(values.shape, values.dtype, 0)
+    aligned = at_page_offset(values.shape, values.dtype, offset)
     aligned[...] = values
     return aligned
 

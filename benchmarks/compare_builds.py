@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from bench import at_page_offset, sample_seconds
+from bench import at_page_offset, page_aligned, sample_seconds
 
 import rmsnorm
 from rmsnorm._dtypes import BF16, resolve_dtype
@@ -59,22 +59,15 @@ def load_other(path: Path):
     return module
 
 
-def placed(values: np.ndarray, placement: int) -> np.ndarray:
-    """A copy of values whose data starts placement bytes into a page."""
-    copy = at_page_offset(values.shape, values.dtype, placement)
-    copy[...] = values
-    return copy
-
-
 def time_shape(builds: dict, rows: int, n: int, dtype, repeats: int, fused: bool,
                offset: float | None = None, placement: int = 0) -> dict:
     """Median seconds of the copy and of each build's forward and backward
     (with fused, add_forward and add_backward; with an offset, the
     gufuncs that take one), every array starting placement bytes into a page."""
     rng = np.random.default_rng(0)
-    x, dy, residual, dh = (placed(rng.standard_normal((rows, n)).astype(dtype), placement)
+    x, dy, residual, dh = (page_aligned(rng.standard_normal((rows, n)).astype(dtype), placement)
                            for _ in range(4))
-    w = placed(rng.uniform(0.5, 1.5, n).astype(dtype), placement)
+    w = page_aligned(rng.uniform(0.5, 1.5, n).astype(dtype), placement)
     eps = np.float64(1e-6) if dtype == np.float64 else np.float32(1e-6)
     y, h, dx, scratch = (at_page_offset(x.shape, dtype, placement) for _ in range(4))
     dw = at_page_offset(w.shape, dtype, placement)

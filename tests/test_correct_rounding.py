@@ -509,8 +509,8 @@ def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa):
 
 
 # Long rows whose every vector block holds near-tie outputs, so that the
-# fast 16-bit or float32 write is unsure of each block and leaves it to the
-# double write: more such blocks than a row's write loop keeps aside at
+# fast 16-bit write is unsure of each block (float32's, of each block of
+# exact ties) and leaves it to the double write: more such blocks than a row's write loop keeps aside at
 # once, in rows written in cache and in rows streamed to memory (past 16
 # MiB), into a new array and over x itself.
 NEAR_TIE_COLUMNS = 5 * 819
