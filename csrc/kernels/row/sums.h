@@ -301,8 +301,8 @@ typedef struct {
  * the row by a power of two (exact) so that its largest element is near 1,
  * and sum again; inv is the scaled row's, and the scale is the exponent.
  * This is what keeps float64 rows near 1e160 or 1e-170 exact where a naive
- * square overflows or underflows. Float32 and narrower rows never get
- * here: their squares are exact in double. Rare, so out of line: the
+ * square overflows or underflows. Narrower rows get here only as rows of
+ * zeros, infinities or NaN. Rare, so out of line: the
  * compiler's own choice to inline it depended on unrelated code, and
  * moved each float64 rows loop's size by tens of kilobytes.
  */
@@ -331,6 +331,13 @@ RMS_NOINLINE rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const c
     if (exponent < -1021) {
         exponent = -1021; /* a subnormal amax: 2^-exponent would overflow */
     }
+    if (xk != RMS_KIND_F64) {
+        /* not reached: narrower squares are exact in double, and their
+           sums far inside the safe range. Summing float64 alone below
+           keeps one copy of the sums here, not one for each kind. */
+        result.inv = rms_inv_rms_from_sum(unscaled, (double)n, eps);
+        return result;
+    }
     double scaled_eps = ldexp(eps, -2 * exponent);
     if (isinf(scaled_eps)) {
         /* eps dwarfs mean(x^2) by more than 2^1000: only eps counts. */
@@ -338,7 +345,7 @@ RMS_NOINLINE rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const c
         result.inv = rms_inv_rms_from_sum(zero, (double)n, eps);
         return result;
     }
-    rms_dd scaled = rms_sum_squares(xk, 0, n, x, xs, 1, ldexp(1.0, -exponent));
+    rms_dd scaled = rms_sum_squares(RMS_KIND_F64, 0, n, x, xs, 1, ldexp(1.0, -exponent));
     result.inv = rms_inv_rms_from_sum(scaled, (double)n, scaled_eps);
     result.exponent = -exponent;
     return result;
