@@ -510,25 +510,33 @@ def test_float32_output_a_hair_from_a_midpoint_is_rounded_once(isa):
 
 # Long rows whose every vector block holds near-tie outputs, so that the
 # fast 16-bit write is unsure of each block (float32's, of each block of
-# exact ties) and leaves it to the double write: more such blocks than a row's write loop keeps aside at
-# once, in rows written in cache and in rows streamed to memory (past 16
-# MiB), into a new array and over x itself.
+# exact ties) and leaves it to the double write: more such blocks than a
+# row's write loop keeps aside at once, in rows written in cache and in
+# rows streamed to memory (past 16 MiB), into a new array and over x
+# itself. float32 runs with a weight offset too: under 8 rows its blocks
+# make offset + weight themselves, from 8 on they read the pair the call
+# made once (rms_norm.c, RMS_OFFSET_PAIR_MIN_ROWS).
 NEAR_TIE_COLUMNS = 5 * 819
 NEAR_TIE_ROWS = {"in cache": 3, "streamed": (16 << 20) // (2 * NEAR_TIE_COLUMNS) + 1}
+NEAR_TIE_CASES = {"float16": ("float16", None), "bfloat16": ("bfloat16", None),
+                  "float32": ("float32", None), "float32-offset": ("float32", 1.0)}
 
 
 @pytest.mark.parametrize("rows", NEAR_TIE_ROWS.values(), ids=NEAR_TIE_ROWS.keys())
 @pytest.mark.parametrize("in_place", [False, True], ids=["new", "in-place"])
 @pytest.mark.parametrize("side", [0, 1, -1], ids=["tie", "below-tie", "above-tie"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
-def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_place, rows, isa):
+@pytest.mark.parametrize("dtype, offset", NEAR_TIE_CASES.values(), ids=NEAR_TIE_CASES.keys())
+def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, offset, side, in_place,
+                                                            rows, isa):
     """x = [3, 3, 1, 1, 0] repeated has mean(x**2) = 4, so y = 1.5 w / sqrt(1 +
     eps / 4) where x = 3: with w's last bit 1 and its significand below 4/3,
     1.5 w is a tie of the dtype.
     eps = 0 keeps it a tie (to even); eps = +-2^-28 moves y a relative 2^-31
     below or above it, far inside the fast write's margin, and y rounds to
     the tie's neighbour on that side. Where x = 1, y = 0.5 w is the dtype's
-    own value; where x = 0, a zero of w's sign."""
+    own value; where x = 0, a zero of w's sign. With an offset, the weight
+    given is w - offset, exact for the positive w taken there, so that the
+    factor offset + weight is w."""
     dtype = _dtype(dtype)
     if dtype is None:
         pytest.skip("bfloat16 needs ml_dtypes")
@@ -537,13 +545,19 @@ def test_rows_of_near_ties_round_once_in_place_and_streamed(dtype, side, in_plac
     # bit than the dtype has: 1.5 w is then a midpoint
     magnitude = (rng.uniform(1.0, 1.3, NEAR_TIE_COLUMNS)
                  * 2.0 ** rng.integers(-1, 2, NEAR_TIE_COLUMNS)
-                 * rng.choice([-1.0, 1.0], NEAR_TIE_COLUMNS))
+                 * rng.choice([-1.0, 1.0] if offset is None else [1.0], NEAR_TIE_COLUMNS))
     bits = BITS[np.dtype(dtype).itemsize]
     w = (magnitude.astype(dtype).view(bits) | bits(1)).view(dtype)
     x = np.tile(np.array([3, 3, 1, 1, 0], dtype), (rows, NEAR_TIE_COLUMNS // 5))
     eps = np.float32(side * 2.0**-28)
 
-    y = rmsnorm.forward(x, w, eps, out=x) if in_place else rmsnorm.forward(x, w, eps)
+    out = x if in_place else None
+    if offset is None:
+        y = rmsnorm.forward(x, w, eps, out=out)
+    else:
+        given = (w.astype(np.float64) - offset).astype(dtype)
+        assert np.array_equal(given.astype(np.float64) + offset, w.astype(np.float64))
+        y = rmsnorm.forward_offset(x, given, offset, eps, out=out)
 
     # 1.5 w is exact in float64; nudged by 2^-12 of itself toward the side
     # asked (2^-27 for float32), it lies well inside the interval that rounds

@@ -94,10 +94,14 @@ RMS_ALWAYS_INLINE int rms_mode_is_fast(rms_write_mode mode)
 }
 
 /* Whether a write mode's unsure blocks can wait for the end of the step:
-   the fast writes that leave no state of their own to a block in double. */
+   the fast writes that leave no state of their own to a block in double.
+   float32 with an offset defers only where fused multiply-adds write it
+   in float: deferring its portable write too took the built _core past
+   1.5 MB of machine code. */
 RMS_ALWAYS_INLINE int rms_mode_may_defer(rms_write_mode mode)
 {
-    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT;
+    return mode == RMS_WRITE_FAST16 || mode == RMS_WRITE_FLOAT ||
+           (mode == RMS_WRITE_OFFSET32 && RMS_HAVE_FMA);
 }
 
 /* A block with an offset written in double, out of line: from the row's
