@@ -418,7 +418,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
     if (xk == RMS_KIND_F64 && check_underflow && near_underflow) {
         rms_forward_block_near_underflow(wk, x, xs, w, ws, w_lo, count, inv_rms, &hi);
     }
-    const int sure = !rms_squares_are_plain(xk) || sum_error == 0.0 ||
+    const int sure = !rms_kind_is_float_exact(xk) || sum_error == 0.0 ||
                      rms_rounds_alike(xk, &hi, sum_error + 0x1p-50);
     rms_store_rounded(xk, y, ys, count, &hi, &err, stream);
     return sure;
@@ -499,7 +499,7 @@ static const rms_block_double_fn rms_forward_block_double_offset[4] = {
  * (rms_offset_weight_floats), else in each block
  * (rms_forward_block); offset + weight as doubles is then
  * not made at all, and the rare blocks written in double make their own
- * (rms_forward_block_double_offset_made). Making the doubles too, 24
+ * (rms_forward_block_double_offset_of). Making the doubles too, 24
  * bytes an element, took as long as the write of a row of 4096. The macro
  * is the part that is a constant of the kernels (kernels.h,
  * offset_in_floats).
@@ -524,26 +524,6 @@ RMS_ALWAYS_INLINE void rms_offset_weight_block(rms_kind wk, const char *w, ptrdi
         hi->part[h] = rms_vd_two_sum(rms_vd_set(offset), wv.part[h], &err);
         lo->part[h] = rms_vd_zero_where_inf(err, hi->part[h]);
     }
-}
-
-/* rms_forward_block_double_offset for a block of float32 x whose row has
-   offset + weight as floats alone (rms_offset_in_floats): its doubles are
-   made here, from the float32 weight, for this block only. */
-RMS_NOINLINE int rms_forward_block_double_offset_made(const char *x, ptrdiff_t xs,
-                                                      const char *w, ptrdiff_t ws,
-                                                      double offset, char *y, ptrdiff_t ys,
-                                                      ptrdiff_t count, rms_dd inv_rms,
-                                                      double sum_error, int check_underflow,
-                                                      int stream)
-{
-    rms_block hi, lo;
-    rms_offset_weight_block(RMS_KIND_F32, w, ws, count, offset, &hi, &lo);
-    double hi_of[RMS_VF_WIDTH], lo_of[RMS_VF_WIDTH];
-    rms_store_doubles((char *)hi_of, 8, count, &hi, 0);
-    rms_store_doubles((char *)lo_of, 8, count, &lo, 0);
-    return rms_forward_block_double_offset[RMS_KIND_F32](x, xs, (const char *)hi_of, 8, lo_of,
-                                                         y, ys, count, inv_rms, sum_error,
-                                                         check_underflow, stream);
 }
 
 /*

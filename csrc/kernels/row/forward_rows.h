@@ -108,7 +108,7 @@ RMS_ALWAYS_INLINE rms_write_mode rms_write_mode_of(rms_kind xk, rms_kind wk,
 
 /*
  * A row's plan from its sum of squares, where that needs no rescale. A
- * plain sum (rms_squares_are_plain) is within rms_sum_error of exact. The
+ * plain sum (of float32 or narrower) is within rms_sum_error of exact. The
  * fast writes take that into account: they widen their brackets by it,
  * and the double path that writes the blocks they are unsure of notes in
  * unsure those where an output may round otherwise than the exact one.
@@ -131,7 +131,7 @@ RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int wit
     plan.inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
     plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
     *exact_first = 0;
-    if (rms_squares_are_plain(xk)) {
+    if (rms_kind_is_float_exact(xk)) {
         plan.sum_error = rms_sum_error(n, sum_squares.hi, eps);
         *exact_first = plan.sum_error > RMS_SUM_ERROR_LIMIT || !rms_mode_is_fast(plan.mode) ||
                        (!with_residual && rms_rows_overlap(x, xs, y, ys, n, rms_kind_size(xk)));
@@ -614,7 +614,7 @@ RMS_ALWAYS_INLINE void rms_forward_strided_row(rms_kind xk, rms_kind wk, int wit
         rms_forward_row_plan(xk, wk, with_residual, p->n, &src, w, eps, y, p->y.stride, sums);
     rms_forward_write_planned(xk, wk, with_residual, p->n, &src, w, eps, y, p->y.stride, 0, sums,
                               plan, &unsure, &none);
-    if (rms_squares_are_plain(xk) && unsure.count > 0) {
+    if (rms_kind_is_float_exact(xk) && unsure.count > 0) {
         rms_forward_row_exactly(xk, wk, with_residual, p, r, 0, *w, &unsure);
     }
 }
@@ -744,7 +744,7 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_of(rms_kind xk, rms_kind wk, int with_
             rms_forward_row_plan(xk, wk, with_residual, n, &src, &unit_w, eps, y, es, sums);
         sums = rms_forward_write_planned(xk, wk, with_residual, n, &src, &unit_w, eps, y, es,
                                          p->stream_output, sums, plan, &unsure, &next);
-        if (rms_squares_are_plain(xk) && unsure.count > 0) {
+        if (rms_kind_is_float_exact(xk) && unsure.count > 0) {
             rms_forward_row_exactly(xk, wk, with_residual, p, r, es, unit_w, &unsure);
         }
     }

@@ -105,11 +105,11 @@ RMS_ALWAYS_INLINE int rms_mode_may_defer(rms_write_mode mode)
 }
 
 /* A block with an offset written in double, out of line: from the row's
-   doubles hi + lo, or from doubles made for the block where the row has
-   none (rms_offset_in_floats). Its operands come by value: the address of
-   the write loop's weight or inv_rms would keep them in memory, and their
-   fields be loaded again at every block (the float64 forward at 4096x8192
-   took 8% longer). */
+   doubles hi + lo, or, for float32 x whose row has offset + weight as
+   floats alone (rms_offset_in_floats), from doubles made here for this
+   block. Its operands come by value: the address of the write loop's
+   weight or inv_rms would keep them in memory, and their fields be loaded
+   again at every block (the float64 forward at 4096x8192 took 8% longer). */
 RMS_NOINLINE int rms_forward_block_double_offset_of(rms_kind xk, const char *x, ptrdiff_t xs,
                                                     const char *w, ptrdiff_t ws, double offset,
                                                     const double *hi, const double *lo,
@@ -117,9 +117,14 @@ RMS_NOINLINE int rms_forward_block_double_offset_of(rms_kind xk, const char *x, 
                                                     rms_dd inv_rms, double sum_error,
                                                     int check_underflow, int stream)
 {
+    double hi_made[RMS_VF_WIDTH], lo_made[RMS_VF_WIDTH];
     if (RMS_OFFSET_IN_FLOATS(xk, RMS_KIND_F32) && lo == NULL) {
-        return rms_forward_block_double_offset_made(x, xs, w, ws, offset, y, ys, count, inv_rms,
-                                                    sum_error, check_underflow, stream);
+        rms_block block_hi, block_lo;
+        rms_offset_weight_block(RMS_KIND_F32, w, ws, count, offset, &block_hi, &block_lo);
+        rms_store_doubles((char *)hi_made, 8, count, &block_hi, 0);
+        rms_store_doubles((char *)lo_made, 8, count, &block_lo, 0);
+        hi = hi_made;
+        lo = lo_made;
     }
     return rms_forward_block_double_offset[xk](x, xs, (const char *)hi, 8, lo, y, ys, count,
                                                inv_rms, sum_error, check_underflow, stream);

@@ -147,11 +147,6 @@ RMS_ALWAYS_INLINE rms_dd rms_lanes_total(const rms_lanes *lanes, int count, int 
     return total;
 }
 
-/* Whether the forward sums the squares of kind in plain double: float32
-   and narrower, whose squares are exact in double, the sum within
-   rms_sum_error of exact; float64's sums are compensated. */
-RMS_ALWAYS_INLINE int rms_squares_are_plain(rms_kind kind) { return rms_kind_is_float_exact(kind); }
-
 /* Adds the squares of block b of RMS_LANES elements, times scale where
    scaled, into its lanes: compensated where the squares are not exact in
    double, or where asked for; and notes the block's least square where
@@ -171,8 +166,8 @@ RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, int compensated, rms_l
         }
         const int k = b * RMS_VD_PER_VF + h;
         /* a scaled square need not be exact */
-        rms_vd_accumulate(compensated || !rms_squares_are_plain(xk),
-                          rms_squares_are_plain(xk) && !scaled, &lanes->sum[k], &lanes->comp[k],
+        rms_vd_accumulate(compensated || !rms_kind_is_float_exact(xk),
+                          rms_kind_is_float_exact(xk) && !scaled, &lanes->sum[k], &lanes->comp[k],
                           e, e);
     }
 }
@@ -209,7 +204,7 @@ RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, int compensated, ptrdiff_t
     if (i < n) {
         rms_add_squares(xk, compensated, &lanes, x, xs, i, n - i, scaled, scale, 0);
     }
-    return rms_lanes_total(&lanes, RMS_LANES, compensated || !rms_squares_are_plain(xk));
+    return rms_lanes_total(&lanes, RMS_LANES, compensated || !rms_kind_is_float_exact(xk));
 }
 
 /* inv_rms of a row of float32 or narrower values from a compensated sum
@@ -223,16 +218,17 @@ RMS_NOINLINE rms_dd rms_exact_inv_rms(rms_kind xk, ptrdiff_t n, const char *x, p
 }
 
 /*
- * How far, relative, inv_rms worked out from a plain sum of squares
- * (rms_squares_are_plain) may be from the exact sum's. The squares are
- * nonnegative, and each passes through at most ceil(n / RMS_LANES) adds in
- * its lane and log2(RMS_LANES) in the lanes' total, each a rounding of
- * 2^-53 relative to a partial sum: k such adds leave the sum within
- * k 2^-53 / (1 - k 2^-53) of exact. mean + eps carries that error times
- * mean / (mean + eps), which is at most 1 unless eps is negative, and the
- * square root halves it; the factor 1 + 2^-20 covers the second-order
- * terms and this bound's own roundings. Infinite where mean + eps is not
- * positive: the sum's error may decide its sign.
+ * How far, relative, inv_rms worked out from a plain sum of squares may be
+ * from the exact sum's: the forward sums float32 and narrower in plain
+ * double (rms_kind_is_float_exact: their squares are exact there), and
+ * float64 compensated. The squares are nonnegative, and each passes through
+ * at most ceil(n / RMS_LANES) adds in its lane and log2(RMS_LANES) in the
+ * lanes' total, each a rounding of 2^-53 relative to a partial sum: k such
+ * adds leave the sum within k 2^-53 / (1 - k 2^-53) of exact. mean + eps
+ * carries that error times mean / (mean + eps), which is at most 1 unless
+ * eps is negative, and the square root halves it; the factor 1 + 2^-20
+ * covers the second-order terms and this bound's own roundings. Infinite
+ * where mean + eps is not positive: the sum's error may decide its sign.
  */
 static inline double rms_sum_error(ptrdiff_t n, double sum_squares, double eps)
 {
