@@ -33,9 +33,11 @@ from rmsnorm import _core
 from rmsnorm._dtypes import BF16
 
 # (rows, n): a row shorter than a vector, around the widths of each
-# instruction set's blocks and steps (16, 32, 64 elements), and past the
-# tiled backward's 4096 columns.
-SHAPES = [(3, 1), (5, 7), (4, 33), (9, 64), (6, 100), (40, 257), (300, 96), (3, 4100)]
+# instruction set's blocks and steps (16, 32, 64 elements), past the
+# tiled backward's 4096 columns, and one of enough elements (two chunks,
+# 131072) that more than one thread shares it.
+SHAPES = [(3, 1), (5, 7), (4, 33), (9, 64), (6, 100), (40, 257), (300, 96), (3, 4100),
+          (36, 4100)]
 
 
 def dtype_of(name: str):

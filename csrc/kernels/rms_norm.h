@@ -50,9 +50,10 @@ typedef struct {
        set by the driver for outputs too large to stay in cache. */
     int stream_output;
     /* The weight as the write passes read it (prepare_forward_weight in
-       kernels.h), made by the driver once per call where every row shares
-       the weight and the offset; forward_rows makes its own, per chunk of
-       rows, where weight_prepared is 0. */
+       kernels.h), made by the driver where every row shares the weight
+       and the offset, once for the call or once for each thread that shares
+       it; forward_rows makes its own, per chunk of rows, where
+       weight_prepared is 0. */
     int weight_prepared;
     const double *weight_hi, *weight_lo; /* offset + weight; NULL without an offset, and
                                             where the floats alone hold it */
