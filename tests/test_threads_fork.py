@@ -66,34 +66,37 @@ def test_one_two_and_three_threads_give_the_same_bytes(dtype, restore_num_thread
 
 # No offset; one that is a float (float32 adds it in floats); one that is
 # not (it adds it in doubles).
-FORWARD_OFFSETS = [None, 1.0, 0.1]
+OFFSETS = [None, 1.0, 0.1]
 
 
-@pytest.mark.parametrize("offset", FORWARD_OFFSETS, ids=lambda o: f"offset={o}")
+@pytest.mark.parametrize("offset", OFFSETS, ids=lambda o: f"offset={o}")
 @pytest.mark.parametrize("dtype, weight_dtype", DTYPE_PAIRS)
-def test_the_forwards_weight_made_by_each_thread_gives_one_threads_bytes(
+def test_the_weight_made_by_each_thread_gives_one_threads_bytes(
         dtype, weight_dtype, offset, restore_num_threads):
-    # Where threads share a call, each makes the weight as the write reads
-    # it (the 16-bit weight as floats, offset + weight) for itself; with
-    # one thread, the calling thread makes it once.
-    x, _, _, _ = problem(dtype)
+    # Where threads share a call, each makes the weight as the kernels read
+    # it for itself: the forward's 16-bit weight as floats and its offset +
+    # weight, the backward's offset + weight as doubles. With one thread,
+    # the calling thread makes it once.
+    x, _, grad, _ = problem(dtype)
     weight = np.random.default_rng(4).standard_normal(SHAPE[1]).astype(weight_dtype)
     eps = np.asarray(1e-5).astype(np.float64 if dtype == np.float64 else np.float32)[()]
     residual = np.random.default_rng(5).standard_normal(SHAPE).astype(dtype)
 
-    def forward():
+    def results():
         if offset is None:
-            return rmsnorm.forward(x, weight, eps), *rmsnorm.add_forward(x, residual, weight, eps)
+            return (rmsnorm.forward(x, weight, eps), *rmsnorm.add_forward(x, residual, weight, eps),
+                    *rmsnorm.backward(grad, x, weight, eps))
         return (rmsnorm.forward_offset(x, weight, offset, eps),
-                *rmsnorm.add_forward_offset(x, residual, weight, offset, eps))
+                *rmsnorm.add_forward_offset(x, residual, weight, offset, eps),
+                *rmsnorm.backward_offset(grad, x, weight, offset, eps))
 
-    results = {}
+    by_threads = {}
     for threads in (1, 2, 3):
         rmsnorm.set_num_threads(threads)
-        results[threads] = forward()
+        by_threads[threads] = results()
+    names = ("y", "fused y", "residual_out", "grad_input", "grad_weight")
     for threads in (2, 3):
-        for name, got, expected in zip(("y", "fused y", "residual_out"), results[threads],
-                                       results[1]):
+        for name, got, expected in zip(names, by_threads[threads], by_threads[1]):
             assert_same_bytes(got, expected, what=f"{name} on {threads} threads vs 1")
 
 

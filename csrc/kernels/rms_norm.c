@@ -47,15 +47,15 @@
    at 8 rows both cost the same). */
 #define RMS_OFFSET_PAIR_MIN_ROWS 8
 /*
- * Where threads share a call, each makes the forward's prepared weight
- * (prepare_forward_weight) for itself, on its first chunk, up to this many
- * columns (1 MiB of it at most: 16 bytes a column): made by the calling
- * thread alone, it sat in that core's cache, and every other core read it
- * from there, while they waited for it to be made. At 32x4096 on 2 CPUs,
- * the float16 and bfloat16 forwards, and float32's with an offset, were 1.3
- * to 1.4 times faster on 2 threads than on 1, against 1.9 for float32's
- * without. Wider weights are made once, for the memory's sake, and live in
- * the shared cache or in memory, where every core reads them alike.
+ * Where threads share a call, each makes the weight as the kernels read it
+ * (the forward's prepare_forward_weight, the backward's backward_factor)
+ * for itself, on its first chunk, up to this many columns (1 MiB at most:
+ * 16 bytes a column). Made by the calling thread alone, it sat in that
+ * core's cache while the others waited, and every other core read it from
+ * there: at 32x4096 on 2 threads, the float16 and bfloat16 forwards, and
+ * float32's with an offset, took a fifth more time (docs/performance.md).
+ * Wider weights are made once, for the memory's sake, and live in the
+ * shared cache or in memory, where every core reads them alike.
  */
 #define RMS_OWN_WEIGHT_MAX_COLUMNS 65536
 
@@ -423,7 +423,8 @@ typedef struct {
     row_chunks chunks;
     char *packed; /* NULL, or packed_per_thread bytes for each thread */
     size_t packed_per_thread;
-    const double *weight;          /* n doubles */
+    const double *weight;          /* n doubles: the factor, offset + weight */
+    int own_factor; /* whether each thread makes its own (RMS_OWN_WEIGHT_MAX_COLUMNS) */
     double *total;                 /* n doubles */
     atomic_ptrdiff_t *next_commit; /* per tile: the next chunk to add */
 } backward_job;
@@ -442,6 +443,22 @@ static void commit_tile(backward_job *job, ptrdiff_t tile, ptrdiff_t chunk,
         job->total[i] += partial[i - begin];
     }
     atomic_store_explicit(&job->next_commit[tile], chunk + 1, memory_order_release);
+}
+
+/* The factor as the kernels read it, n doubles: offset + weight rounded
+   once to double (the backward's own rounding errors are far larger than
+   that one). */
+static void backward_factor(const rms_kernels *kernels, const rms_backward_problem *p,
+                            double *factor)
+{
+    kernels->widen_weight(p->n, p->weight, p->weight_stride, factor);
+    if (p->weight_offset != NULL) {
+        double offset;
+        memcpy(&offset, p->weight_offset, sizeof offset);
+        for (ptrdiff_t i = 0; i < p->n; i++) {
+            factor[i] += offset;
+        }
+    }
 }
 
 /* Bytes for packed copies of a chunk's strided operands, as for the
@@ -494,7 +511,8 @@ static rms_backward_problem backward_chunk_problem(const rms_backward_problem *p
    ahead, its last lines arrive after its reduction pass needs them. The
    call's own rows may always be asked for, past the problem's ahead_end. */
 static void backward_rows(const backward_job *job, const rms_backward_problem *q,
-                          ptrdiff_t row_begin, ptrdiff_t row_end, double *partial)
+                          const double *factor, ptrdiff_t row_begin, ptrdiff_t row_end,
+                          double *partial)
 {
     const ptrdiff_t together = rms_backward_rows_together(job->x_kind);
     const ptrdiff_t ahead = together > 1 ? together : 2;
@@ -502,8 +520,8 @@ static void backward_rows(const backward_job *job, const rms_backward_problem *q
     rms_backward_plan plans[RMS_BACKWARD_ROWS_TOGETHER];
     for (ptrdiff_t r = row_begin; r < row_end; r += together) {
         const ptrdiff_t end = row_end - r < together ? row_end : r + together;
-        job->kernels->plan_backward_rows(q, r, end, job->weight, plans);
-        job->kernels->write_backward_rows(q, r, end, plans, 0, q->n, job->weight, partial, ahead,
+        job->kernels->plan_backward_rows(q, r, end, factor, plans);
+        job->kernels->write_backward_rows(q, r, end, plans, 0, q->n, factor, partial, ahead,
                                           ahead_end, end == row_end);
     }
 }
@@ -511,8 +529,9 @@ static void backward_rows(const backward_job *job, const rms_backward_problem *q
 /* The chunk's rows of the backward, grad_weight's terms into partial,
    which holds columns [0, n) where n is one tile or less; else each tile
    is committed as it is done. */
-static void backward_chunk(backward_job *job, ptrdiff_t chunk, ptrdiff_t begin, ptrdiff_t end,
-                           char *packed, double *partial, rms_backward_plan *plans)
+static void backward_chunk(backward_job *job, const double *factor, ptrdiff_t chunk,
+                           ptrdiff_t begin, ptrdiff_t end, char *packed, double *partial,
+                           rms_backward_plan *plans)
 {
     const rms_backward_problem q =
         backward_chunk_problem(job->problem, job->x_kind, begin, end, packed);
@@ -522,11 +541,11 @@ static void backward_chunk(backward_job *job, ptrdiff_t chunk, ptrdiff_t begin, 
     const ptrdiff_t n = q.n;
     if (n <= RMS_TILE_COLUMNS) {
         memset(partial, 0, (size_t)n * sizeof(double));
-        backward_rows(job, &q, first_row, last_row, partial);
+        backward_rows(job, &q, factor, first_row, last_row, partial);
         commit_tile(job, 0, chunk, partial, 0, n);
     }
     else {
-        job->kernels->plan_backward_rows(&q, first_row, last_row, job->weight, plans);
+        job->kernels->plan_backward_rows(&q, first_row, last_row, factor, plans);
         for (ptrdiff_t tile = 0; tile < tiles_of(n); tile++) {
             const ptrdiff_t first = tile * RMS_TILE_COLUMNS;
             const ptrdiff_t last = n - first < RMS_TILE_COLUMNS ? n : first + RMS_TILE_COLUMNS;
@@ -534,7 +553,7 @@ static void backward_chunk(backward_job *job, ptrdiff_t chunk, ptrdiff_t begin, 
             /* a streamed tile asks for the same tile of the next chunk's
                rows, which their reduction passes will read next */
             job->kernels->write_backward_rows(&q, first_row, last_row, plans, first, last,
-                                              job->weight, partial, last_row - first_row,
+                                              factor, partial, last_row - first_row,
                                               q.ahead_end, 1);
             commit_tile(job, tile, chunk, partial, first, last);
         }
@@ -552,11 +571,20 @@ static void backward_task(void *context, int thread_index, int thread_count)
     rms_backward_plan plans[RMS_TILED_ROWS_MAX];
     char *packed =
         job->packed != NULL ? job->packed + (size_t)thread_index * job->packed_per_thread : NULL;
+    double *own_factor = NULL;
     ptrdiff_t chunk, begin, end;
     (void)thread_count;
     while ((chunk = take_chunk(&job->chunks, &begin, &end)) >= 0) {
-        backward_chunk(job, chunk, begin, end, packed, partial, plans);
+        if (job->own_factor && own_factor == NULL) {
+            own_factor = malloc((size_t)job->problem->n * sizeof(double));
+            if (own_factor != NULL) {
+                backward_factor(job->kernels, job->problem, own_factor);
+            }
+        }
+        backward_chunk(job, own_factor != NULL ? own_factor : job->weight, chunk, begin, end,
+                       packed, partial, plans);
     }
+    free(own_factor);
 }
 
 /* The backward's doubles: the factor (offset + weight) and grad_weight's
@@ -575,22 +603,14 @@ static double *backward_scratch_alloc(ptrdiff_t n, int chunked, size_t *bytes)
     return malloc(*bytes);
 }
 
-/* Fills the scratch: the factor as the kernels read it, offset + weight
-   rounded once to double (the backward's own rounding errors are far
-   larger than that one), a zero total, and the tiles' counters. */
+/* Fills the scratch: the factor (backward_factor), a zero total, and the
+   tiles' counters. */
 static void backward_scratch_fill(backward_job *job, rms_backward_problem *p, double *scratch)
 {
-    job->kernels->widen_weight(p->n, p->weight, p->weight_stride, scratch);
     if (!has_weight_offset(p->weight_offset, 0, 1)) {
         p->weight_offset = NULL;
     }
-    if (p->weight_offset != NULL) {
-        double offset;
-        memcpy(&offset, p->weight_offset, sizeof offset);
-        for (ptrdiff_t i = 0; i < p->n; i++) {
-            scratch[i] += offset;
-        }
-    }
+    backward_factor(job->kernels, p, scratch);
     job->weight = scratch;
     job->total = scratch + p->n;
     memset(job->total, 0, (size_t)p->n * sizeof(double));
@@ -612,7 +632,7 @@ static void backward_run(backward_job *job, const rms_backward_problem *p, ptrdi
     }
     else if (job->chunks.count == 1) {
         const rms_backward_problem q = backward_chunk_problem(p, job->x_kind, 0, rows, job->packed);
-        backward_rows(job, &q, 0, rows, job->total);
+        backward_rows(job, &q, job->weight, 0, rows, job->total);
         if (job->packed != NULL) {
             rms_rows_unpack(p->grad_input, 0, q.grad_input, rows, p->n,
                             rms_kind_size(job->x_kind));
@@ -657,6 +677,7 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
                                       &job.kernels);
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
     backward_scratch_fill(&job, &p, scratch);
+    job.own_factor = chunked && threads > 1 && p.n <= RMS_OWN_WEIGHT_MAX_COLUMNS;
     backward_run(&job, &p, rows, threads);
     job.kernels->store_weight(p.n, job.total, grad_weight, grad_weight_stride);
     rms_fp_env_leave(saved);
