@@ -122,7 +122,7 @@ typedef struct {
     char *packed;              /* NULL, or packed_per_thread bytes for each thread */
     size_t packed_per_thread;
     ptrdiff_t rows_per_thread;  /* where each thread makes its own weight: its share */
-    int own_weight;             /* whether each thread makes its own (RMS_OWN_WEIGHT_MAX_COLUMNS) */
+    int own_weight;             /* each thread makes its own (RMS_OWN_WEIGHT_MAX_COLUMNS) */
     atomic_size_t failed_bytes; /* 0, or scratch a chunk could not have */
 } forward_job;
 
@@ -186,8 +186,8 @@ static size_t forward_chunk(const rms_kernels *kernels, const rms_forward_proble
  * Where every row shares the weight and the offset, the weight as the
  * forward's write passes read it, made once for the call or for each
  * thread (RMS_OWN_WEIGHT_MAX_COLUMNS) rather than once per row (kernels.h,
- * prepare_forward_weight); rows is how many the maker's rows are. Returns
- * 0, or the bytes an offset's doubles needed and could not have.
+ * prepare_forward_weight), for `rows` rows. Returns 0, or the bytes an
+ * offset's doubles needed and could not have.
  */
 static size_t prepare_forward_weight(rms_type type, const rms_kernels *kernels, ptrdiff_t rows,
                                      rms_forward_problem *p, rms_forward_weight_scratch *scratch)
@@ -424,7 +424,7 @@ typedef struct {
     char *packed; /* NULL, or packed_per_thread bytes for each thread */
     size_t packed_per_thread;
     const double *weight;          /* n doubles: the factor, offset + weight */
-    int own_factor; /* whether each thread makes its own (RMS_OWN_WEIGHT_MAX_COLUMNS) */
+    int own_factor;                /* each thread makes its own (RMS_OWN_WEIGHT_MAX_COLUMNS) */
     double *total;                 /* n doubles */
     atomic_ptrdiff_t *next_commit; /* per tile: the next chunk to add */
 } backward_job;
@@ -581,6 +581,8 @@ static void backward_task(void *context, int thread_index, int thread_count)
                 backward_factor(job->kernels, job->problem, own_factor);
             }
         }
+        /* the call's factor, made by the calling thread, where this
+           thread's own cannot be had */
         backward_chunk(job, own_factor != NULL ? own_factor : job->weight, chunk, begin, end,
                        packed, partial, plans);
     }
