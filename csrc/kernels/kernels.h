@@ -75,8 +75,9 @@ typedef struct {
     /* Whether prepare_forward_weight makes no doubles, and needs none,
        where the offset is a float (rms_offset_is_float). */
     int offset_in_floats;
-    /* The backward's weight as n doubles, read once per call rather than
-       converted again on every row. */
+    /* The backward's weight as n doubles, made once for the call (or for
+       each thread that shares it: rms_norm.c) rather than converted again
+       on every row. */
     void (*widen_weight)(ptrdiff_t n, const char *src, ptrdiff_t src_stride, double *dst);
     /* grad_weight, n doubles, rounded once into the weight's kind. */
     void (*store_weight)(ptrdiff_t n, const double *src, char *dst, ptrdiff_t dst_stride);

@@ -49,8 +49,9 @@
 /*
  * Where threads share a call, each makes the weight as the kernels read it
  * (the forward's prepare_forward_weight, the backward's backward_factor)
- * for itself, on its first chunk, up to this many columns (1 MiB at most:
- * 16 bytes a column). Made by the calling thread alone, it sat in that
+ * for itself, on its first chunk, up to this many columns (1.5 MiB at
+ * most: 24 bytes a column, float32's offset + weight as doubles and
+ * floats). Made by the calling thread alone, it sat in that
  * core's cache while the others waited, and every other core read it from
  * there: at 32x4096 on 2 threads, the float16 and bfloat16 forwards, and
  * float32's with an offset, took a fifth more time (docs/performance.md).
@@ -238,6 +239,12 @@ static void forward_task(void *context, int thread_index, int thread_count)
             failed_bytes = prepare_forward_weight(job->type, job->kernels, job->rows_per_thread,
                                                   &own, &prepared);
             weight_ready = 1;
+            if (failed_bytes != 0) {
+                /* unprepared, as the problem was: the kernels then make
+                   the weight for each chunk, or report that they could
+                   not, having written nothing */
+                own = *job->problem;
+            }
         }
         if (failed_bytes == 0) {
             failed_bytes =

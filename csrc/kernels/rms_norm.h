@@ -88,9 +88,9 @@ typedef struct {
  * thread count.
  */
 /* Returns 0, or the bytes of scratch memory it could not have for a weight
-   offset (2n doubles: once for the call, or per chunk of rows where rows
-   have weights or offsets of their own, when that chunk's rows of y are
-   left unwritten). */
+   offset (2n doubles: once for the call or for each thread, or per chunk
+   of rows where rows have weights or offsets of their own); the rows of y
+   of a chunk that could not have it are left unwritten. */
 size_t rms_norm_forward(rms_type type, const rms_forward_problem *p, ptrdiff_t rows);
 
 /* Also writes grad_weight, the sum over rows, in the weight's kind.

@@ -495,8 +495,8 @@ static const rms_block_double_fn rms_forward_block_double_offset[4] = {
  * Whether offset + weight is taken as two floats hi + lo whose sum is
  * exactly it, made by a float two-sum: for float32 x and weight where
  * fused multiply-adds make the float write, and an offset that is a float
- * (Gemma's 1). Made once for a call of many rows
- * (rms_offset_weight_floats), else in each block
+ * (Gemma's 1). Made once for many rows (rms_offset_weight_floats), for
+ * the call or for each thread that shares it, else in each block
  * (rms_forward_block); offset + weight as doubles is then
  * not made at all, and the rare blocks written in double make their own
  * (rms_forward_block_double_offset_of). Making the doubles too, 24

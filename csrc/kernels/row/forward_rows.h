@@ -650,8 +650,8 @@ RMS_ALWAYS_INLINE int rms_rows_are_contiguous(rms_kind xk, rms_kind wk, int with
             (!with_residual || (p->residual.stride == es && p->residual_out.stride == es)));
 }
 
-/* The weight as the driver made it once for the call (weight_prepared),
-   less the row's data; else to be made for each row. */
+/* The weight as the driver made it for the call, or for this thread
+   (weight_prepared), less the row's data; else to be made for each row. */
 RMS_ALWAYS_INLINE rms_row_weight rms_prepared_weight(rms_kind xk, const rms_forward_problem *p)
 {
     const int with_offset = p->weight_offset != NULL;
@@ -671,7 +671,7 @@ RMS_ALWAYS_INLINE rms_row_weight rms_prepared_weight(rms_kind xk, const rms_forw
 }
 
 /* Scratch for each row's weight (rms_prepare_row_weight), where the
-   driver has not made it once for the call: returns the bytes asked for
+   driver has not made it (weight_prepared): returns the bytes asked for
    where they cannot be had, else 0. */
 RMS_ALWAYS_INLINE size_t rms_forward_rows_scratch(rms_kind xk, const rms_forward_problem *p,
                                                   rms_forward_weight_scratch *scratch)
@@ -687,8 +687,8 @@ RMS_ALWAYS_INLINE size_t rms_forward_rows_scratch(rms_kind xk, const rms_forward
  * The forward's rows [row_begin, row_end). The fast 16-bit write takes the
  * weight as floats, and with an offset the write takes offset + weight as
  * doubles or floats (rms_prepare_forward_weight): where the driver has not
- * made them once for the call, rows have weights or offsets of their own,
- * and each row's are made here. Where the floats' memory cannot be had,
+ * made them (weight_prepared), as where rows have weights or offsets of
+ * their own, each row's are made here. Where the floats' memory cannot be had,
  * rows go in double; returns 0, or, where an offset's 2n doubles cannot be
  * had, the bytes asked for, having written nothing. Contiguous rows are
  * written with the next row's reduction in each write, and their strides
