@@ -430,8 +430,10 @@ typedef struct {
     row_chunks chunks;
     char *packed; /* NULL, or packed_per_thread bytes for each thread */
     size_t packed_per_thread;
-    const double *weight;          /* n doubles: the factor, offset + weight */
-    int own_factor;                /* each thread makes its own (RMS_OWN_WEIGHT_MAX_COLUMNS) */
+    /* n doubles, the factor (offset + weight); where own_factor
+       (RMS_OWN_WEIGHT_MAX_COLUMNS), n for each thread, which it makes */
+    double *factors;
+    int own_factor;
     double *total;                 /* n doubles */
     atomic_ptrdiff_t *next_commit; /* per tile: the next chunk to add */
 } backward_job;
@@ -578,53 +580,56 @@ static void backward_task(void *context, int thread_index, int thread_count)
     rms_backward_plan plans[RMS_TILED_ROWS_MAX];
     char *packed =
         job->packed != NULL ? job->packed + (size_t)thread_index * job->packed_per_thread : NULL;
-    double *own_factor = NULL;
+    double *factor = job->factors;
+    int factor_ready = !job->own_factor;
+    if (job->own_factor) {
+        factor += (size_t)thread_index * (size_t)job->problem->n;
+    }
     ptrdiff_t chunk, begin, end;
     (void)thread_count;
     while ((chunk = take_chunk(&job->chunks, &begin, &end)) >= 0) {
-        if (job->own_factor && own_factor == NULL) {
-            own_factor = malloc((size_t)job->problem->n * sizeof(double));
-            if (own_factor != NULL) {
-                backward_factor(job->kernels, job->problem, own_factor);
-            }
+        if (!factor_ready) {
+            backward_factor(job->kernels, job->problem, factor);
+            factor_ready = 1;
         }
-        /* the call's factor, made by the calling thread, where this
-           thread's own cannot be had */
-        backward_chunk(job, own_factor != NULL ? own_factor : job->weight, chunk, begin, end,
-                       packed, partial, plans);
+        backward_chunk(job, factor, chunk, begin, end, packed, partial, plans);
     }
-    free(own_factor);
 }
 
-/* The backward's doubles: the factor (offset + weight) and grad_weight's
-   total, n each, then, where the rows make more than one chunk, a counter
-   per tile. One chunk needs no partial: its sum, added to a zero total, is
-   the total (a sum that starts at +0 is never -0). NULL, with *bytes the
-   bytes asked for, where they cannot be had. */
-static double *backward_scratch_alloc(ptrdiff_t n, int chunked, size_t *bytes)
+/* The backward's doubles: the factor (offset + weight), once for the
+   call or once for each of `factors` threads, and grad_weight's total, n
+   each, then, where the rows make more than one chunk, a counter per
+   tile. One chunk needs no partial: its sum, added to a zero total, is the
+   total (a sum that starts at +0 is never -0). NULL, with *bytes the bytes
+   asked for, where they cannot be had. */
+static double *backward_scratch_alloc(ptrdiff_t n, int factors, int chunked, size_t *bytes)
 {
     const size_t counters = chunked ? (size_t)tiles_of(n) : 0;
-    if ((size_t)n > (SIZE_MAX - counters * sizeof(atomic_ptrdiff_t)) / (2 * sizeof(double))) {
+    const size_t doubles = (size_t)factors + 1; /* an element's */
+    if ((size_t)n > (SIZE_MAX - counters * sizeof(atomic_ptrdiff_t)) / (doubles * sizeof(double))) {
         *bytes = SIZE_MAX; /* more than there is to ask for (a stride-0 row) */
         return NULL;
     }
-    *bytes = (size_t)n * 2 * sizeof(double) + counters * sizeof(atomic_ptrdiff_t);
+    *bytes = (size_t)n * doubles * sizeof(double) + counters * sizeof(atomic_ptrdiff_t);
     return malloc(*bytes);
 }
 
-/* Fills the scratch: the factor (backward_factor), a zero total, and the
-   tiles' counters. */
-static void backward_scratch_fill(backward_job *job, rms_backward_problem *p, double *scratch)
+/* Fills the scratch: the call's factor (backward_factor), where the
+   threads do not make their own, a zero total, and the tiles' counters. */
+static void backward_scratch_fill(backward_job *job, rms_backward_problem *p, int factors,
+                                  double *scratch)
 {
     if (!has_weight_offset(p->weight_offset, 0, 1)) {
         p->weight_offset = NULL;
     }
-    backward_factor(job->kernels, p, scratch);
-    job->weight = scratch;
-    job->total = scratch + p->n;
+    job->factors = scratch;
+    if (!job->own_factor) {
+        backward_factor(job->kernels, p, scratch);
+    }
+    job->total = scratch + (size_t)factors * (size_t)p->n;
     memset(job->total, 0, (size_t)p->n * sizeof(double));
     if (job->chunks.count > 1) {
-        job->next_commit = (atomic_ptrdiff_t *)(scratch + 2 * p->n);
+        job->next_commit = (atomic_ptrdiff_t *)(job->total + p->n);
         for (ptrdiff_t tile = 0; tile < tiles_of(p->n); tile++) {
             atomic_init(&job->next_commit[tile], 0);
         }
@@ -641,7 +646,7 @@ static void backward_run(backward_job *job, const rms_backward_problem *p, ptrdi
     }
     else if (job->chunks.count == 1) {
         const rms_backward_problem q = backward_chunk_problem(p, job->x_kind, 0, rows, job->packed);
-        backward_rows(job, &q, job->weight, 0, rows, job->total);
+        backward_rows(job, &q, job->factors, 0, rows, job->total);
         if (job->packed != NULL) {
             rms_rows_unpack(p->grad_input, 0, q.grad_input, rows, p->n,
                             rms_kind_size(job->x_kind));
@@ -663,8 +668,10 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     const int threads = threads_for(&job.chunks, p.n);
     p.ahead_end = threads == 1 ? rows : 0;
     const int chunked = job.chunks.count > 1;
+    job.own_factor = chunked && threads > 1 && p.n <= RMS_OWN_WEIGHT_MAX_COLUMNS;
+    const int factors = job.own_factor ? threads : 1;
     size_t scratch_bytes;
-    double *scratch = backward_scratch_alloc(p.n, chunked, &scratch_bytes);
+    double *scratch = backward_scratch_alloc(p.n, factors, chunked, &scratch_bytes);
     if (scratch == NULL) {
         return scratch_bytes;
     }
@@ -685,8 +692,7 @@ size_t rms_norm_backward(rms_type type, const rms_backward_problem *problem, ptr
     job.packed = packed_scratch_alloc(job.packed_per_thread, chunked ? threads : 1, type,
                                       &job.kernels);
     const rms_fp_env saved = rms_fp_env_enter(); /* the workers set their own */
-    backward_scratch_fill(&job, &p, scratch);
-    job.own_factor = chunked && threads > 1 && p.n <= RMS_OWN_WEIGHT_MAX_COLUMNS;
+    backward_scratch_fill(&job, &p, factors, scratch);
     backward_run(&job, &p, rows, threads);
     job.kernels->store_weight(p.n, job.total, grad_weight, grad_weight_stride);
     rms_fp_env_leave(saved);
