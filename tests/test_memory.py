@@ -6,12 +6,19 @@ memory during a call bounds every temporary array the call made.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import rmsnorm
+from closeness import assert_same_bytes
 
 ROWS, N = 256, 4096  # 4 MiB of float32: far above any per-row or per-thread scratch
 SLACK = 64 * 1024  # Python objects, the cached unit weight, NumPy's bookkeeping
@@ -190,3 +197,135 @@ def test_scratch_past_any_address_space_raises_a_memory_error(function):
             rmsnorm.backward(x, x, weight, np.float16(1e-6),
                              out=(_writable_stride_0(x.shape, np.float16),
                                   _writable_stride_0((n,), np.float16)))
+
+
+# An aligned_alloc that refuses one size, preloaded into a child Python: the
+# forward's weight scratch (kernels.h, rms_forward_weight_scratch_alloc) is
+# at most a few hundred KiB, which no machine refuses on its own.
+_REFUSING_ALLOC_C = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+
+long refusals;
+static size_t refused_bytes;
+static void *(*next_aligned_alloc)(size_t, size_t);
+
+__attribute__((constructor)) static void read_refused_bytes(void)
+{
+    const char *bytes = getenv("RMSNORM_TEST_REFUSED_BYTES");
+    refused_bytes = bytes != NULL ? strtoull(bytes, NULL, 10) : 0;
+    next_aligned_alloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "aligned_alloc");
+}
+
+void *aligned_alloc(size_t alignment, size_t size)
+{
+    if (size == refused_bytes) {
+        __atomic_fetch_add(&refusals, 1, __ATOMIC_RELAXED);
+        errno = ENOMEM;
+        return NULL;
+    }
+    return next_aligned_alloc(alignment, size);
+}
+"""
+
+# In the child: the forward of _weight_scratch_case's arrays at each thread
+# count, each result saved, or its MemoryError's message; then how many
+# allocations the shim refused.
+_REFUSED_FORWARD_CHILD = r"""
+import ctypes, json, sys
+import numpy as np
+import rmsnorm
+sys.path.insert(0, sys.argv[1])
+from test_memory import _weight_scratch_case
+x_dtype, offset, folder = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+call = _weight_scratch_case(x_dtype, offset)
+messages = {}
+for threads in (1, 2, 3):
+    rmsnorm.set_num_threads(threads)
+    try:
+        np.save(f"{folder}/threads{threads}.npy", call())
+    except MemoryError as error:
+        messages[threads] = str(error)
+refusals = ctypes.c_long.in_dll(ctypes.CDLL(sys.argv[5]), "refusals").value
+print(json.dumps({"messages": messages, "refusals": refusals}))
+"""
+
+WEIGHT_SCRATCH_ROWS, WEIGHT_SCRATCH_N = 96, 4100  # several chunks a thread
+
+
+def _weight_scratch_case(x_dtype: str, offset):
+    """The forward (with offset where it is not None) of fixed arrays, as a call."""
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((WEIGHT_SCRATCH_ROWS, WEIGHT_SCRATCH_N)).astype(x_dtype)
+    weight = rng.standard_normal(WEIGHT_SCRATCH_N).astype(x_dtype)
+    eps = x.dtype.type(1e-6)
+    if offset is None:
+        return lambda: rmsnorm.forward(x, weight, eps)
+    return lambda: rmsnorm.forward_offset(x, weight, np.float64(offset), eps)
+
+
+def _weight_scratch_bytes(x_dtype: str, offset) -> tuple[int, int]:
+    """(bytes asked of aligned_alloc, bytes an offset's doubles make the
+    MemoryError report, 0 where none are needed): floats for 16-bit x and
+    two for float32 with an offset; 2n doubles where the offset is not a
+    float, or, for float32, where the kernels have no fused multiply-add
+    (the baseline's): the float32 pair and the 16-bit floats stand in for
+    them."""
+    n = WEIGHT_SCRATCH_N
+    floats = 1 if np.dtype(x_dtype).itemsize == 2 else 2 if offset is not None else 0
+    offset_is_float = offset is not None and float(np.float32(offset)) == offset
+    pair_in_floats = x_dtype != "float32" or rmsnorm._core._isa()[0] != "baseline"
+    doubles = 2 if offset is not None and not (offset_is_float and pair_in_floats) else 0
+    bytes_needed = 4 * floats * n + 8 * doubles * n
+    return -(-bytes_needed // 64) * 64, bytes_needed if doubles else 0
+
+
+@pytest.fixture(scope="module")
+def refusing_alloc(tmp_path_factory):
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("needs a C compiler to build the refusing aligned_alloc")
+    folder = tmp_path_factory.mktemp("refusing_alloc")
+    (folder / "refusing_alloc.c").write_text(_REFUSING_ALLOC_C)
+    library = folder / "refusing_alloc.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
+                    str(folder / "refusing_alloc.c"), "-ldl"], check=True)
+    return library
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
+                    reason="ASan's aligned_alloc, preloaded first, would hide the shim's")
+@pytest.mark.parametrize("x_dtype, offset", [
+    ("float16", None),  # the 16-bit write's floats: rows go in double
+    ("float32", 1.0),   # float32's offset pair: rows go in double (doubles on the baseline)
+    ("float16", 0.1),   # floats and doubles: a MemoryError
+    ("float32", 0.1),
+], ids=lambda v: repr(v))
+def test_weight_scratch_refused_gives_the_same_bytes_or_a_memory_error(
+        refusing_alloc, tmp_path, x_dtype, offset):
+    """Refused the weight's scratch, the forward writes its rows another way
+    where only floats were asked for, and raises a MemoryError naming the
+    bytes where an offset's doubles were, at any thread count: never a
+    crash (a thread that failed once read a NULL weight on its next chunk)."""
+    asked, reported = _weight_scratch_bytes(x_dtype, offset)
+    env = dict(os.environ, LD_PRELOAD=str(refusing_alloc),
+               RMSNORM_TEST_REFUSED_BYTES=str(asked))
+    child = subprocess.run(
+        [sys.executable, "-c", _REFUSED_FORWARD_CHILD, str(Path(__file__).parent), x_dtype,
+         json.dumps(offset), str(tmp_path), str(refusing_alloc)],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, f"the child exited {child.returncode}: {child.stderr[-3000:]}"
+    report = json.loads(child.stdout.splitlines()[-1])
+    assert report["refusals"] >= 3, f"no scratch of {asked} bytes was asked for: {report}"
+    expected = _weight_scratch_case(x_dtype, offset)()
+    for threads in ("1", "2", "3"):
+        if reported:
+            message = report["messages"].get(threads, "no MemoryError")
+            assert f"{reported} bytes" in message, f"{threads} threads: {message}"
+        else:
+            assert threads not in report["messages"], report["messages"][threads]
+            assert_same_bytes(np.load(tmp_path / f"threads{threads}.npy"), expected,
+                              what=f"{threads} threads, scratch refused")
