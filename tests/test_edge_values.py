@@ -675,6 +675,37 @@ def test_float32_input_with_infinite_float64_weights_gives_signed_infinities(isa
     assert y[0, 3] == finite[0, 3]
 
 
+DOUBLE_MAX = float(np.finfo(F64).max)
+
+
+def _past_the_top(variant: str, x, weight):
+    """The forward variant of x (one row) with `weight`; forward_offset
+    takes weight - 1 with an offset of 1 (exact for these weights: 1 and
+    huge ones), add_forward x - 1 with a residual of 1 (exact too)."""
+    eps = x.dtype.type(0.0) if x.dtype == F64 else F32(0.0)
+    if variant == "forward":
+        return rmsnorm.forward(x, weight, eps)
+    if variant == "forward_offset":
+        return rmsnorm.forward_offset(x, weight - 1.0, 1.0, eps)
+    return rmsnorm.add_forward(x - x.dtype.type(1.0), np.ones_like(x), weight, eps)[0]
+
+
+@pytest.mark.parametrize("variant", ["forward", "forward_offset", "add_forward"])
+@pytest.mark.parametrize("x_dtype, sign", [(F64, 1.0), (F64, -1.0), (F32, 1.0), (F32, -1.0)],
+                         ids=["float64", "float64-negative", "float32", "float32-negative"])
+def test_an_output_past_double_range_is_an_infinity_of_its_sign(isa, variant, x_dtype, sign):
+    """x * w * inv_rms past DBL_MAX, with a float64 weight: y = 0.8 sqrt(2)
+    DBL_MAX rounds to an infinity, as torch's does; the product's error,
+    inf - inf, made NaN of it where the write splits the product (the
+    portable kernels for float64, every kernel for float32 x)."""
+    x = np.array([3.0, 4.0], x_dtype)
+    weight = np.array([1.0, sign * DOUBLE_MAX])
+    y = _past_the_top(variant, x, weight)
+    within_range = _past_the_top(variant, x, np.ones(2))
+    assert y[1] == sign * np.inf, f"{variant} on {isa}: {y}"
+    assert y[0] == within_range[0], f"{variant} on {isa}: {y} against {within_range}"
+
+
 @pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
 def test_bfloat16_grad_weight_where_grad_output_times_x_passes_float_range(isa):
     """grad_output * x = 2^140 does not fit a float, yet grad_weight =

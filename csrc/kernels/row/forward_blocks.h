@@ -403,8 +403,10 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
         }
         else {
             const rms_vd p = rms_vd_mul(u_hi, wh);
+            /* where p overflowed (an infinite w, or a y past double's
+               range: a float64 weight), it is y, and its error no number */
             const rms_vd tail =
-                rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), wh), low);
+                rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), p), low);
             /* p - (0 - tail) is p + tail, but keeps p's sign where both
                are zeros (x = 0 with a negative w gives -0, as in torch) */
             hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
