@@ -706,6 +706,41 @@ def test_an_output_past_double_range_is_an_infinity_of_its_sign(isa, variant, x_
     assert y[0] == within_range[0], f"{variant} on {isa}: {y} against {within_range}"
 
 
+# bfloat16 rows whose grad_input is a normal bfloat16 while a factor the
+# float path forms is not a normal float: (x, grad_output, weight).
+BFLOAT16_FACTORS_PAST_FLOAT = {
+    # g = grad_output * w = 2^129 passes FLT_MAX; grad_input = 2^116
+    "g-overflows": ([2.0**13] * 4, [2.0**63, -(2.0**63), 0.0, 0.0], [2.0**66] * 4),
+    # g = 2^-155 underflows to 0; inv_rms = 2^90 makes grad_input 2^-65
+    "g-underflows": ([2.0**-90] * 4, [2.0**-80, -(2.0**-80), 0.0, 0.0], [2.0**-75] * 4),
+    # g in float's subnormals, where it keeps a few bits
+    "g-subnormal": ([2.0**-90] * 4, [2.0**-70 * 1.0078125, -(2.0**-70), 0.0, 0.0],
+                    [2.0**-72 * 1.9921875] * 4),
+    # x_hat of the 2^-133 is about 2^-150.4, 0 in float; its grad_input,
+    # about -2^-68.7, is not
+    "x_hat-underflows": ([2.0**18, 2.0**17, 2.0**-133], [2.0**100, 0.0, 0.0], [1.0] * 3),
+}
+
+
+@pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
+@pytest.mark.parametrize("case", BFLOAT16_FACTORS_PAST_FLOAT)
+def test_bfloat16_grad_input_where_a_factor_leaves_floats_normal_range(isa, case):
+    """grad_output * w and x * inv_rms are floats in the fast 16-bit
+    backward; where one passes float's range or falls below its normals,
+    grad_input, a normal bfloat16, came out infinite, 0 or a few bits off."""
+    x_values, grad_values, weight_values = BFLOAT16_FACTORS_PAST_FLOAT[case]
+    x = np.array([x_values]).astype(BF16)
+    grad = np.array([grad_values]).astype(BF16)
+    weight = np.array(weight_values).astype(BF16)
+    assert np.array_equal(x.astype(F64), [x_values]), "the case's x is not bfloat16"
+    grad_input, _ = rmsnorm.backward(grad, x, weight, F32(0.0))
+    expected, _ = reference.rms_norm_backward(grad.astype(F64), x.astype(F64), x.shape[1],
+                                              weight.astype(F64), 0.0)
+    assert np.all(np.abs(expected) < float(np.finfo(F32).max)), "the case's grad_input overflows"
+    assert_close_ulp(grad_input.astype(F64), expected, rtol=2.0**-8, atol=0.0,
+                     what=f"grad_input on {isa}")
+
+
 @pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
 def test_bfloat16_grad_weight_where_grad_output_times_x_passes_float_range(isa):
     """grad_output * x = 2^140 does not fit a float, yet grad_weight =
