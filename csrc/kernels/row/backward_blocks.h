@@ -120,15 +120,6 @@ RMS_ALWAYS_INLINE void rms_backward_block(rms_kind xk, const rms_backward_row_op
                        stream);
 }
 
-/* Whether some lane of p = a * b, formed in float, is not that product as
-   a normal float: past float's range, subnormal, or 0 from nonzero
-   factors (which the least subnormal added to it shows). */
-RMS_ALWAYS_INLINE int rms_float_product_left_normal(rms_vf p, rms_vf a, rms_vf b)
-{
-    return rms_vf_any_abnormal(
-        rms_vf_add(p, rms_vf_where_both_nonzero(rms_vf_set(0x1p-149f), a, b)));
-}
-
 /*
  * The same for 16-bit x, in float: the output keeps 11 bits at most, and
  * float's 24 leave the gradient's own rounding the only error of note (the
@@ -137,11 +128,9 @@ RMS_ALWAYS_INLINE int rms_float_product_left_normal(rms_vf p, rms_vf a, rms_vf b
  * in double, where the rows add up, and inv_rms joins x * grad_output there.
  * That product is exact in float for float16 (2^-48 to 2^32 in magnitude);
  * bfloat16 has float's range, so two of them can overflow or underflow a
- * float, and their product is formed in double. So can g and x_hat: where
- * a lane of either leaves float's normal range for bfloat16, returns 0,
- * having written nothing, and the block goes in double; else 1.
+ * float, and their product is formed in double.
  */
-RMS_ALWAYS_INLINE int rms_backward_block_float(rms_kind xk, rms_kind wk,
+RMS_ALWAYS_INLINE void rms_backward_block_float(rms_kind xk, rms_kind wk,
                                                 const rms_backward_row_operands *o, ptrdiff_t at,
                                                 ptrdiff_t count, rms_vf inv_rms,
                                                 rms_vd inv_rms_double, rms_vf minus_mean_g_x_hat,
@@ -153,10 +142,6 @@ RMS_ALWAYS_INLINE int rms_backward_block_float(rms_kind xk, rms_kind wk,
     const rms_vf wv = rms_load_floats(wk, rms_element(o->w_stored, at, o->ws), o->ws, count);
     const rms_vf x_hat = rms_vf_mul(xv, inv_rms);
     const rms_vf g = rms_vf_mul(grad_output_v, wv);
-    if (xk == RMS_KIND_BF16 && (rms_float_product_left_normal(g, grad_output_v, wv) ||
-                                rms_float_product_left_normal(x_hat, xv, xv))) {
-        return 0;
-    }
     const rms_vf centred = rms_vf_fma(x_hat, minus_mean_g_x_hat, g);
     const rms_vf out =
         o->gr.add_residual
@@ -177,7 +162,6 @@ RMS_ALWAYS_INLINE int rms_backward_block_float(rms_kind xk, rms_kind wk,
     rms_store_doubles((char *)grad_weight, 8, count, &gw, 0);
     rms_store_floats(xk, rms_backward_grad_input_at(o, at), o->grad_input_stride, count, out,
                      stream);
-    return 1;
 }
 
 /* One block of the backward, `at` columns into the row, in float or in
@@ -187,8 +171,11 @@ RMS_ALWAYS_INLINE void rms_backward_any_block(rms_kind xk, rms_kind wk,
                                               const rms_backward_row_operands *o, ptrdiff_t at,
                                               ptrdiff_t count, int stream)
 {
-    if (!f->in_float || !rms_backward_block_float(xk, wk, o, at, count, f->inv_rms_float,
-                                                  f->inv_rms, f->minus_mean_float, stream)) {
+    if (f->in_float) {
+        rms_backward_block_float(xk, wk, o, at, count, f->inv_rms_float, f->inv_rms,
+                                 f->minus_mean_float, stream);
+    }
+    else {
         rms_backward_block(xk, o, at, count, f->inv_rms, f->mean, stream);
     }
 }
