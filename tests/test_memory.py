@@ -221,10 +221,13 @@ __attribute__((constructor)) static void read_refused_bytes(void)
 
 void *aligned_alloc(size_t alignment, size_t size)
 {
-    if (size == refused_bytes) {
+    if (size == refused_bytes && refused_bytes != 0) {
         __atomic_fetch_add(&refusals, 1, __ATOMIC_RELAXED);
         errno = ENOMEM;
         return NULL;
+    }
+    if (next_aligned_alloc == NULL) { /* called before the constructor ran */
+        next_aligned_alloc = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "aligned_alloc");
     }
     return next_aligned_alloc(alignment, size);
 }
