@@ -172,9 +172,26 @@ RMS_ALWAYS_INLINE void rms_add_block_squares(rms_kind xk, int compensated, rms_l
     }
 }
 
+/* Adds the squares of x[i, i + count), count <= RMS_LANES, times scale
+   where scaled, into lanes 0 to count - 1. */
+RMS_ALWAYS_INLINE void rms_add_squares(rms_kind xk, int compensated, rms_lanes *lanes,
+                                       const char *x, ptrdiff_t xs, ptrdiff_t i, ptrdiff_t count,
+                                       int scaled, double scale, int least)
+{
+    RMS_UNROLL
+    for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
+        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
+        if (offset >= count) {
+            break;
+        }
+        const ptrdiff_t block_count = count - offset < RMS_VF_WIDTH ? count - offset : RMS_VF_WIDTH;
+        const rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, block_count);
+        rms_add_block_squares(xk, compensated, lanes, b, &v, scaled, scale, least);
+    }
+}
+
 /* sum(x^2) over a row, each square times scale where scaled: compensated
-   where rms_add_block_squares says. Whole steps of RMS_LANES first, each
-   block a whole vector, then the rest, block b into lanes b. */
+   where rms_add_block_squares says. */
 RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, int compensated, ptrdiff_t n, const char *x,
                                          ptrdiff_t xs, int scaled, double scale)
 {
@@ -182,23 +199,10 @@ RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, int compensated, ptrdiff_t
     rms_lanes_clear(&lanes);
     ptrdiff_t i = 0;
     for (; i + RMS_LANES <= n; i += RMS_LANES) {
-        RMS_UNROLL
-        for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
-            const ptrdiff_t at = i + (ptrdiff_t)b * RMS_VF_WIDTH;
-            const rms_block v = rms_load_doubles(xk, rms_element(x, at, xs), xs, RMS_VF_WIDTH);
-            rms_add_block_squares(xk, compensated, &lanes, b, &v, scaled, scale, 0);
-        }
+        rms_add_squares(xk, compensated, &lanes, x, xs, i, RMS_LANES, scaled, scale, 0);
     }
-    const ptrdiff_t rest = n - i;
-    RMS_UNROLL
-    for (int b = 0; b < RMS_LANES / RMS_VF_WIDTH; b++) {
-        const ptrdiff_t offset = (ptrdiff_t)b * RMS_VF_WIDTH;
-        if (offset >= rest) {
-            break;
-        }
-        const ptrdiff_t count = rest - offset < RMS_VF_WIDTH ? rest - offset : RMS_VF_WIDTH;
-        const rms_block v = rms_load_doubles(xk, rms_element(x, i + offset, xs), xs, count);
-        rms_add_block_squares(xk, compensated, &lanes, b, &v, scaled, scale, 0);
+    if (i < n) {
+        rms_add_squares(xk, compensated, &lanes, x, xs, i, n - i, scaled, scale, 0);
     }
     return rms_lanes_total(&lanes, RMS_LANES, compensated || !rms_kind_is_float_exact(xk));
 }
