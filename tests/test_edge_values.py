@@ -708,8 +708,7 @@ def test_an_output_past_double_range_is_an_infinity_of_its_sign(isa, variant, x_
 
 # bfloat16 rows whose grad_input is a normal bfloat16 while a factor the
 # vector kernels' float backward forms is not a normal float: (x,
-# grad_output, weight). A known gap (docs/accuracy.md): the portable kernels,
-# which have no float path, get them right.
+# grad_output, weight); the vector kernels write them in double.
 BFLOAT16_FACTORS_PAST_FLOAT = {
     # g = grad_output * w = 2^129 passes FLT_MAX; grad_input = 2^116
     "g-overflows": ([2.0**13] * 4, [2.0**63, -(2.0**63), 0.0, 0.0], [2.0**66] * 4),
@@ -721,21 +720,21 @@ BFLOAT16_FACTORS_PAST_FLOAT = {
     # x_hat of the 2^-133 is about 2^-150.4, 0 in float; its grad_input,
     # about -2^-68.7, is not
     "x_hat-underflows": ([2.0**18, 2.0**17, 2.0**-133], [2.0**100, 0.0, 0.0], [1.0] * 3),
+    # g near 2^-132 keeps its bits in float's subnormals, and with
+    # inv_rms = 2^8 the float path's error stays far below grad_input's ulp
+    "g-subnormal-small-inv_rms": ([2.0**-8] * 4, [2.0**-120 * 1.0078125, -(2.0**-120),
+                                                  2.0**-120, -(2.0**-120) * 1.0078125],
+                                  [2.0**-12 * 1.5] * 4),
 }
 
 
 @pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
 @pytest.mark.parametrize("case", BFLOAT16_FACTORS_PAST_FLOAT)
-def test_bfloat16_grad_input_where_a_factor_leaves_floats_normal_range(isa, case, request):
+def test_bfloat16_grad_input_where_a_factor_leaves_floats_normal_range(isa, case):
     """grad_output * w and x * inv_rms are floats in the vector kernels'
-    16-bit backward; where one passes float's range or falls below its
-    normals, grad_input, a normal bfloat16, comes out infinite, 0 or a few
-    bits off."""
-    if isa != "baseline":
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="known gap: the float backward of bfloat16 rows keeps no check "
-            "of its factors' range (docs/accuracy.md); a check per block made the bytes depend "
-            "on the output's alignment"))
+    16-bit backward; a row where one could pass float's range, or lose bits
+    below its normals that grad_input would show, goes in double, and its
+    grad_input, a normal bfloat16, is neither infinite, 0 nor bits off."""
     x_values, grad_values, weight_values = BFLOAT16_FACTORS_PAST_FLOAT[case]
     x = np.array([x_values]).astype(BF16)
     grad = np.array([grad_values]).astype(BF16)

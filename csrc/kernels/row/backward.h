@@ -6,6 +6,35 @@
 #ifndef RMSNORM_KERNELS_ROW_BACKWARD_H
 #define RMSNORM_KERNELS_ROW_BACKWARD_H
 
+/* Whether a row's float path (rms_backward_block_float) needs its g =
+   grad_output * w bounded: bfloat16's, whose range is float's. float16's
+   factors stay inside float's normal range (2^-48 to 2^32 for g, x * inv_rms
+   above 2^-124 for x_hat), and the other kinds have no float path. */
+RMS_ALWAYS_INLINE int rms_float_path_needs_g_bound(rms_kind xk)
+{
+    return RMS_HAVE_FMA && xk == RMS_KIND_BF16;
+}
+
+/*
+ * Whether a bfloat16 row's write in float gives what its write in double
+ * would, to well under an ulp: where g and x_hat * mean, and so centred
+ * and the output, cannot pass float's range, and where what float's
+ * subnormal range loses cannot show. Each rounding below 2^-126 is off by
+ * up to 2^-150 (where g, x_hat or centred is that small), and the output
+ * carries those errors times inv_rms, or inv_rms * |mean| for x_hat's:
+ * with inv_rms (2 + |mean|) <= 2^12 they come to at most 2^-138, a
+ * thirty-second of bfloat16's least ulp. Bounding every |g| by 2^126 through
+ * their sum of squares keeps centred = g - x_hat * mean below 2^126 + 2^116
+ * (|x_hat| <= sqrt(n), |mean| <= 2^100). The other rows go in double: rows
+ * of very small x (inv_rms past 2^11), very large gradients, or g past
+ * 2^126.
+ */
+RMS_ALWAYS_INLINE int rms_bfloat16_row_fits_float(double inv_rms, double mean,
+                                                  double sum_g_squares)
+{
+    return inv_rms * (2.0 + fabs(mean)) <= 0x1p12 && sum_g_squares <= 0x1p252;
+}
+
 /* A backward row's reduction pass: sum(x^2) and sum(g w x), and from them
    the plan of its write pass. w_as_stored says whether o->w holds the stored
    weight as doubles, with no offset: only then may the float path read the
@@ -17,20 +46,23 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
                                                           int w_as_stored, double eps,
                                                           const char *ask_for)
 {
-    rms_lanes squares, dot;
+    rms_lanes squares, dot, g_squares;
     rms_lanes_clear(&squares);
     rms_lanes_clear(&dot);
+    rms_lanes_clear(&g_squares);
+    /* a constant: the other kinds sum no g^2 */
+    rms_lanes *const g_squares_if = rms_float_path_needs_g_bound(xk) ? &g_squares : NULL;
     const ptrdiff_t size = rms_kind_size(xk);
     ptrdiff_t i = 0;
     for (; i + RMS_DOT_LANES <= n; i += RMS_DOT_LANES) {
         if (ask_for != NULL) {
             rms_prefetch(rms_element(ask_for, i, size), RMS_DOT_LANES * size);
         }
-        rms_add_squares_and_dot(xk, wk, &squares, &dot, o->x, o->xs, o->grad_output,
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, g_squares_if, o->x, o->xs, o->grad_output,
                                 o->grad_output_stride, o->w, i, RMS_DOT_LANES);
     }
     if (i < n) {
-        rms_add_squares_and_dot(xk, wk, &squares, &dot, o->x, o->xs, o->grad_output,
+        rms_add_squares_and_dot(xk, wk, &squares, &dot, g_squares_if, o->x, o->xs, o->grad_output,
                                 o->grad_output_stride, o->w, i, n - i);
     }
     const rms_dd sum_squares =
@@ -61,6 +93,10 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
        inv_rms and the mean stay well inside float's range. */
     plan.in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && w_as_stored &&
                     inv_rms >= 0x1p-100 && inv_rms <= 0x1p100 && fabs(plan.mean) <= 0x1p100;
+    if (plan.in_float && rms_float_path_needs_g_bound(xk)) {
+        const double sum_g_squares = rms_lanes_total(&g_squares, RMS_DOT_LANES, 0).hi;
+        plan.in_float = rms_bfloat16_row_fits_float(inv_rms, plan.mean, sum_g_squares);
+    }
     return plan;
 }
 

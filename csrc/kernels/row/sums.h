@@ -254,9 +254,11 @@ RMS_ALWAYS_INLINE int rms_dot_is_compensated(rms_kind xk, rms_kind wk)
 }
 
 /* Adds x^2 and grad_output * weight * x over [i, i + count), count <=
-   RMS_DOT_LANES, into the first RMS_DOT_LANES lanes of each. */
+   RMS_DOT_LANES, into the first RMS_DOT_LANES lanes of each; and, where
+   g_squares is not NULL, (grad_output * weight)^2 into its lanes. */
 RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lanes *squares,
-                                               rms_lanes *dot, const char *x, ptrdiff_t xs,
+                                               rms_lanes *dot, rms_lanes *g_squares,
+                                               const char *x, ptrdiff_t xs,
                                                const char *grad_output,
                                                ptrdiff_t grad_output_stride, const double *w,
                                                ptrdiff_t i, ptrdiff_t count)
@@ -281,6 +283,9 @@ RMS_ALWAYS_INLINE void rms_add_squares_and_dot(rms_kind xk, rms_kind wk, rms_lan
             rms_vd_accumulate(!rms_kind_is_float_exact(xk), 0, &squares->sum[k],
                               &squares->comp[k], xv.part[h], xv.part[h]);
             rms_vd_accumulate(compensated_dot, 0, &dot->sum[k], &dot->comp[k], g, xv.part[h]);
+            if (g_squares != NULL) {
+                rms_vd_accumulate(0, 0, &g_squares->sum[k], &g_squares->comp[k], g, g);
+            }
         }
     }
 }
