@@ -28,6 +28,7 @@ import math
 import os
 import tempfile
 import warnings
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -704,6 +705,27 @@ def test_an_output_past_double_range_is_an_infinity_of_its_sign(isa, variant, x_
     within_range = _past_the_top(variant, x, np.ones(2))
     assert y[1] == sign * np.inf, f"{variant} on {isa}: {y}"
     assert y[0] == within_range[0], f"{variant} on {isa}: {y} against {within_range}"
+
+
+@pytest.mark.parametrize("n, weight_hex", [(3, "0x1.279a74590331cp+1023"),
+                                            (7, "0x1.83091e6a7f7e6p+1022"),
+                                            (22, "0x1.b4a293c1d954fp+1021")])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_an_output_a_hair_under_the_overflow_threshold_is_finite(isa, n, weight_hex, sign):
+    """y = w sqrt(n) for the row [1, 0, ..., 0] with eps = 0 lies just under
+    the threshold past which a float64 rounds to an infinity (DBL_MAX plus
+    half its ulp), so it rounds to DBL_MAX; the rounded u_hi * w lies past
+    that threshold, and the portable kernels, without fused multiply-adds,
+    wrote an infinity."""
+    weight = np.ones(n)
+    weight[0] = sign * float.fromhex(weight_hex)
+    y_squared = Fraction(weight[0]) ** 2 * n
+    below, above = Fraction(DOUBLE_MAX) - 2**970, Fraction(DOUBLE_MAX) + 2**970  # half an ulp
+    assert below**2 < y_squared < above**2, "the case's y does not round to DBL_MAX"
+    x = np.zeros(n)
+    x[0] = 1.0
+    y = rmsnorm.forward(x, weight, F64(0.0))
+    assert y[0] == sign * DOUBLE_MAX, f"on {isa}: {y[0]!r}"
 
 
 # bfloat16 rows whose grad_input is a normal bfloat16 while a factor the

@@ -294,16 +294,16 @@ static inline double rms_forward_element_scaled(double x, double w_hi, double w_
 
 /*
  * The float64 elements of a block whose double write went near underflow
- * (RMS_NEAR_UNDERFLOW), written again into y one at a time by
- * rms_forward_element_scaled, which rounds them once; out of line, as
- * only rows with tiny elements or weights get here. Only finite nonzero x
- * and w are, in rows whose inv_rms is positive and finite: zeros,
- * infinities and NaNs are as the block wrote them.
+ * (RMS_NEAR_UNDERFLOW), or, without fused multiply-adds, past DBL_MAX,
+ * written again into y one at a time by rms_forward_element_scaled, which
+ * rounds them once; out of line, as only rows with tiny or huge elements
+ * or weights get here. Only finite nonzero x and w are, in rows whose
+ * inv_rms is positive and finite: zeros, infinities and NaNs are as the
+ * block wrote them.
  */
-RMS_NOINLINE void rms_forward_block_near_underflow(rms_kind wk, const char *x, ptrdiff_t xs,
-                                                   const char *w, ptrdiff_t ws,
-                                                   const double *w_lo, ptrdiff_t count,
-                                                   rms_dd inv_rms, rms_block *y)
+RMS_NOINLINE void rms_forward_block_scaled(rms_kind wk, const char *x, ptrdiff_t xs,
+                                           const char *w, ptrdiff_t ws, const double *w_lo,
+                                           ptrdiff_t count, rms_dd inv_rms, rms_block *y)
 {
     if (!(inv_rms.hi > 0.0) || isinf(inv_rms.hi)) {
         return;
@@ -360,9 +360,10 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_float_product_times(rms_vd x, rms_vd w, rms_vd i
    (rms_forward_row_exactly); else 1.
    w_lo, where not NULL, holds the part of the weight that w (doubles)
    leaves out: offset + weight is w + w_lo exactly. With check_underflow
-   (float64 rows that may go near underflow, rms_forward_row_plan), a block
-   with a lane of x * inv_rms or y below RMS_NEAR_UNDERFLOW is written
-   again by rms_forward_block_near_underflow. */
+   (float64 rows that may go near underflow, or near overflow without fused
+   multiply-adds: rms_forward_row_plan), a block with a lane of x * inv_rms
+   or y below RMS_NEAR_UNDERFLOW, or there a y that came out infinite, is
+   written again by rms_forward_block_scaled. */
 RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const char *x,
                                                ptrdiff_t xs, const char *w, ptrdiff_t ws,
                                                const double *w_lo, char *y, ptrdiff_t ys,
@@ -377,7 +378,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
     }
     const rms_vd inv_hi = rms_vd_set(inv_rms.hi), inv_lo = rms_vd_set(inv_rms.lo);
     rms_block hi, err;
-    int near_underflow = 0; /* where check_underflow: rms_forward_block_near_underflow */
+    int rewrite = 0; /* where check_underflow: rms_forward_block_scaled */
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd xh = rms_vd_in_register(xv.part[h]), wh = rms_vd_in_register(wv.part[h]);
@@ -403,8 +404,9 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
         }
         else {
             const rms_vd p = rms_vd_mul(u_hi, wh);
-            /* where p overflowed (an infinite w, or a y past double's
-               range: a float64 weight), it is y, and its error no number */
+            /* where p overflowed (an infinite w, or a y near or past
+               double's range: a float64 weight), its error is no number,
+               and p is y or, for float64, written again (below) */
             const rms_vd tail =
                 rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), p), low);
             /* p - (0 - tail) is p + tail, but keeps p's sign where both
@@ -413,12 +415,18 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
             err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
         }
         if (xk == RMS_KIND_F64 && check_underflow) {
-            near_underflow |= rms_vd_any_below_where_both_nonzero(
+            rewrite |= rms_vd_any_below_where_both_nonzero(
                 u_hi, hi.part[h], rms_vd_set(RMS_NEAR_UNDERFLOW), xh, wh);
         }
+        if (xk == RMS_KIND_F64 && check_underflow && !RMS_HAVE_FMA) {
+            /* u_hi * w may round past DBL_MAX where y, a hair less, does
+               not: 0 where hi is infinite */
+            const rms_vd finite = rms_vd_zero_where_inf(rms_vd_set(1.0), hi.part[h]);
+            rewrite |= rms_vd_any_below_where_both_nonzero(finite, finite, rms_vd_set(0.5), xh, wh);
+        }
     }
-    if (xk == RMS_KIND_F64 && check_underflow && near_underflow) {
-        rms_forward_block_near_underflow(wk, x, xs, w, ws, w_lo, count, inv_rms, &hi);
+    if (xk == RMS_KIND_F64 && check_underflow && rewrite) {
+        rms_forward_block_scaled(wk, x, xs, w, ws, w_lo, count, inv_rms, &hi);
     }
     const int sure = !rms_kind_is_float_exact(xk) || sum_error == 0.0 ||
                      rms_rounds_alike(xk, &hi, sum_error + 0x1p-50);

@@ -143,17 +143,24 @@ RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int wit
    RMS_NEAR_UNDERFLOW where its least nonzero value and weight keep them
    there: then every block's double write rounds y once. Else its blocks
    are written out of line, each checked, and those that went near
-   underflow written again (rms_forward_block_near_underflow). The check,
+   underflow written again (rms_forward_block_scaled). The check,
    in every block of every row, took a tenth longer in cache. The least
    value comes from the least square, or, where that is 0 (a zero, or a
    value below 2^-537), from one more pass over the row. An inv_rms of 0,
-   inf or NaN leaves nothing to round. */
+   inf or NaN leaves nothing to round.
+   Without fused multiply-adds, the same goes for rows whose y may reach
+   2^1022 (|x * inv_rms| is at most sqrt(sum_squares) * inv_rms): their
+   product u_hi * w may round past DBL_MAX where y itself does not. */
 RMS_ALWAYS_INLINE int rms_row_may_go_near_underflow(rms_kind xk, ptrdiff_t n, const char *x,
                                                     ptrdiff_t xs, const rms_row_weight *w,
-                                                    double least_square, double inv_rms)
+                                                    double least_square, double sum_squares,
+                                                    double inv_rms)
 {
     if (xk != RMS_KIND_F64 || !(inv_rms > 0.0) || isinf(inv_rms)) {
         return 0;
+    }
+    if (!RMS_HAVE_FMA && !(sqrt(sum_squares) * inv_rms * w->largest < 0x1p1022)) {
+        return 1;
     }
     const double least = least_square > 0.0 ? sqrt(least_square) : rms_least_nonzero(n, x, xs);
     return !(least * inv_rms * (w->least < 1.0 ? w->least : 1.0) >= RMS_NEAR_UNDERFLOW);
@@ -295,7 +302,8 @@ RMS_ALWAYS_INLINE rms_row_plan rms_forward_row_plan(rms_kind xk, rms_kind wk, in
         plan.sum_error = 0.0;
     }
     plan.near_underflow =
-        rms_row_may_go_near_underflow(xk, n, x, xs, w, sums.least_square, plan.inv_rms.hi);
+        rms_row_may_go_near_underflow(xk, n, x, xs, w, sums.least_square,
+                                      sums.squares.hi, plan.inv_rms.hi);
     if (plan.near_underflow && plan.mode == RMS_WRITE_DOUBLE) {
         plan.mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
     }
@@ -582,9 +590,9 @@ RMS_ALWAYS_INLINE void rms_prepare_row_weight(rms_kind xk, rms_kind wk,
     w->floats_lo = xk == RMS_KIND_F32 && w->floats != NULL ? w->floats + p->n : NULL;
 }
 
-/* float64's w->least (rms_row_may_go_near_underflow): once for a weight
-   that rows share, else for each row's; *least_of is the weight it was
-   found for. */
+/* float64's w->least, and without fused multiply-adds w->largest
+   (rms_row_may_go_near_underflow): once for a weight that rows share, else
+   for each row's; *least_of is the weight they were found for. */
 RMS_ALWAYS_INLINE void rms_find_least_weight(const rms_forward_problem *p, rms_row_weight *w,
                                              const char **least_of)
 {
@@ -593,6 +601,9 @@ RMS_ALWAYS_INLINE void rms_find_least_weight(const rms_forward_problem *p, rms_r
     if (weight != *least_of || (with_offset && !p->weight_prepared)) {
         /* a float64 weight: float64 x's only (types.h) */
         w->least = rms_least_nonzero(p->n, weight, with_offset ? 8 : w->stride);
+        if (!RMS_HAVE_FMA) {
+            w->largest = rms_largest_magnitude(p->n, weight, with_offset ? 8 : w->stride);
+        }
         *least_of = weight;
     }
 }
@@ -663,7 +674,8 @@ RMS_ALWAYS_INLINE rms_row_weight rms_prepared_weight(rms_kind xk, const rms_forw
                         .hi = p->weight_hi,
                         .lo = p->weight_lo,
                         .floats = p->weight_floats,
-                        .least = INFINITY};
+                        .least = INFINITY,
+                        .largest = 0.0};
     if (xk == RMS_KIND_F32 && w.floats != NULL) {
         w.floats_lo = w.floats + p->n; /* the rest of offset + weight follows its floats */
     }

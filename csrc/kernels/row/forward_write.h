@@ -74,6 +74,7 @@ typedef struct {
     const float *floats_lo; /* float32 x with an offset; else NULL */
     double least; /* float64's: the least nonzero magnitude of the weight (of hi with an
                      offset), +inf where there is none (rms_forward_row_plan) */
+    double largest; /* float64's without fused multiply-adds: the largest magnitude */
 } rms_row_weight;
 
 /* The weight as the loops of contiguous rows read it: a local copy, its
