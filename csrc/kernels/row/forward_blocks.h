@@ -347,6 +347,32 @@ RMS_ALWAYS_INLINE rms_vd rms_vd_float_product_times(rms_vd x, rms_vd w, rms_vd i
     return hi;
 }
 
+/* u_hi * w + low as hi + *err, with the product's exact error: the double
+   write where there are no fused multiply-adds, and float32's from a
+   float64 weight. Where u_hi * w overflowed (an infinite w, or a y near or
+   past double's range: a float64 weight), its error is no number, and the
+   product is y or, for float64, written again (rms_forward_block_double). */
+RMS_ALWAYS_INLINE rms_vd rms_vd_product_plus(rms_vd u_hi, rms_vd w, rms_vd low, rms_vd *err)
+{
+    const rms_vd p = rms_vd_mul(u_hi, w);
+    const rms_vd tail =
+        rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, w, p), p), low);
+    /* p - (0 - tail) is p + tail, but keeps p's sign where both are zeros
+       (x = 0 with a negative w gives -0, as in torch) */
+    const rms_vd hi = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
+    *err = rms_vd_sub(tail, rms_vd_sub(hi, p));
+    return hi;
+}
+
+/* Whether a lane of v where a and b are both nonzero is infinite: without
+   fused multiply-adds, u_hi * w may round past DBL_MAX where y, a hair
+   less, does not. */
+RMS_ALWAYS_INLINE int rms_any_infinite_where_both_nonzero(rms_vd v, rms_vd a, rms_vd b)
+{
+    const rms_vd finite = rms_vd_zero_where_inf(rms_vd_set(1.0), v); /* 0 where v is inf */
+    return rms_vd_any_below_where_both_nonzero(finite, finite, rms_vd_set(0.5), a, b);
+}
+
 /* The same in double, for every type: exact products where x and w are
    floats, and a compensated product where either is a double: for a
    float64 y, u_hi * w + low in one fused multiply-add where there is one;
@@ -403,26 +429,14 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
             err.part[h] = rms_vd_set(0.0);
         }
         else {
-            const rms_vd p = rms_vd_mul(u_hi, wh);
-            /* where p overflowed (an infinite w, or a y near or past
-               double's range: a float64 weight), its error is no number,
-               and p is y or, for float64, written again (below) */
-            const rms_vd tail =
-                rms_vd_add(rms_vd_zero_where_inf(rms_vd_product_error(u_hi, wh, p), p), low);
-            /* p - (0 - tail) is p + tail, but keeps p's sign where both
-               are zeros (x = 0 with a negative w gives -0, as in torch) */
-            hi.part[h] = rms_vd_sub(p, rms_vd_sub(rms_vd_set(0.0), tail));
-            err.part[h] = rms_vd_sub(tail, rms_vd_sub(hi.part[h], p));
+            hi.part[h] = rms_vd_product_plus(u_hi, wh, low, &err.part[h]);
         }
         if (xk == RMS_KIND_F64 && check_underflow) {
             rewrite |= rms_vd_any_below_where_both_nonzero(
                 u_hi, hi.part[h], rms_vd_set(RMS_NEAR_UNDERFLOW), xh, wh);
         }
         if (xk == RMS_KIND_F64 && check_underflow && !RMS_HAVE_FMA) {
-            /* u_hi * w may round past DBL_MAX where y, a hair less, does
-               not: 0 where hi is infinite */
-            const rms_vd finite = rms_vd_zero_where_inf(rms_vd_set(1.0), hi.part[h]);
-            rewrite |= rms_vd_any_below_where_both_nonzero(finite, finite, rms_vd_set(0.5), xh, wh);
+            rewrite |= rms_any_infinite_where_both_nonzero(hi.part[h], xh, wh);
         }
     }
     if (xk == RMS_KIND_F64 && check_underflow && rewrite) {
