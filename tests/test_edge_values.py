@@ -711,19 +711,21 @@ def test_an_output_past_double_range_is_an_infinity_of_its_sign(isa, variant, x_
                                             (7, "0x1.83091e6a7f7e6p+1022"),
                                             (22, "0x1.b4a293c1d954fp+1021")])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_an_output_a_hair_under_the_overflow_threshold_is_finite(isa, n, weight_hex, sign):
+@pytest.mark.parametrize("scale", [1.0, 2.0**-600], ids=["x-1", "x-2^-600"])
+def test_an_output_a_hair_under_the_overflow_threshold_is_finite(isa, n, weight_hex, sign, scale):
     """y = w sqrt(n) for the row [1, 0, ..., 0] with eps = 0 lies just under
     the threshold past which a float64 rounds to an infinity (DBL_MAX plus
     half its ulp), so it rounds to DBL_MAX; the rounded u_hi * w lies past
     that threshold, and the portable kernels, without fused multiply-adds,
-    wrote an infinity."""
+    wrote an infinity. At 2^-600 the row's plain sum of squares underflows
+    and is made again on a rescaled row."""
     weight = np.ones(n)
     weight[0] = sign * float.fromhex(weight_hex)
     y_squared = Fraction(weight[0]) ** 2 * n
     below, above = Fraction(DOUBLE_MAX) - 2**970, Fraction(DOUBLE_MAX) + 2**970  # half an ulp
     assert below**2 < y_squared < above**2, "the case's y does not round to DBL_MAX"
     x = np.zeros(n)
-    x[0] = 1.0
+    x[0] = scale
     y = rmsnorm.forward(x, weight, F64(0.0))
     assert y[0] == sign * DOUBLE_MAX, f"on {isa}: {y[0]!r}"
 
@@ -747,6 +749,11 @@ BFLOAT16_FACTORS_PAST_FLOAT = {
     "g-subnormal-small-inv_rms": ([2.0**-8] * 4, [2.0**-120 * 1.0078125, -(2.0**-120),
                                                   2.0**-120, -(2.0**-120) * 1.0078125],
                                   [2.0**-12 * 1.5] * 4),
+    # mean(g x_hat) about 1.75 * 2^-151, subnormal as a float; times
+    # inv_rms |x_hat| = 2^14 its grad_input is -1.75 * 2^-126, which came out 0
+    "mean-subnormal": ([8.0, 2.0**-40] + [0.0] * 14, [0.0, 1.75 * 2.0**-118] + [0.0] * 14,
+                       [1.0] * 16, -(4.0 - 2.0**-22)),
+    "mean-subnormal-two": ([2.0, 2.0**-40], [0.0, 1.5 * 2.0**-119], [1.0] * 2, -(2.0 - 2.0**-22)),
 }
 
 
@@ -757,14 +764,15 @@ def test_bfloat16_grad_input_where_a_factor_leaves_floats_normal_range(isa, case
     16-bit backward; a row where one could pass float's range, or lose bits
     below its normals that grad_input would show, goes in double, and its
     grad_input, a normal bfloat16, is neither infinite, 0 nor bits off."""
-    x_values, grad_values, weight_values = BFLOAT16_FACTORS_PAST_FLOAT[case]
+    x_values, grad_values, weight_values, *eps = BFLOAT16_FACTORS_PAST_FLOAT[case]
+    eps = F32(eps[0] if eps else 0.0)
     x = np.array([x_values]).astype(BF16)
     grad = np.array([grad_values]).astype(BF16)
     weight = np.array(weight_values).astype(BF16)
     assert np.array_equal(x.astype(F64), [x_values]), "the case's x is not bfloat16"
-    grad_input, _ = rmsnorm.backward(grad, x, weight, F32(0.0))
+    grad_input, _ = rmsnorm.backward(grad, x, weight, eps)
     expected, _ = reference.rms_norm_backward(grad.astype(F64), x.astype(F64), x.shape[1],
-                                              weight.astype(F64), 0.0)
+                                              weight.astype(F64), float(eps))
     assert np.all(np.abs(expected) < float(np.finfo(F32).max)), "the case's grad_input overflows"
     assert_close_ulp(grad_input.astype(F64), expected, rtol=2.0**-8, atol=0.0,
                      what=f"grad_input on {isa}")

@@ -23,7 +23,11 @@ RMS_ALWAYS_INLINE int rms_float_path_needs_g_bound(rms_kind xk)
  * up to 2^-150 (where g, x_hat or centred is that small), and the output
  * carries those errors times inv_rms, or inv_rms * |mean| for x_hat's:
  * with inv_rms (2 + |mean|) <= 2^12 they come to at most 2^-138, a
- * thirty-second of bfloat16's least ulp. Bounding every |g| by 2^126 through
+ * thirty-second of bfloat16's least ulp. The mean itself is rounded to a
+ * float, which must be 0 or normal: a subnormal one's error, up to 2^-150,
+ * would reach the output times inv_rms |x_hat|, which nothing above bounds
+ * (x = [8, 2^-40, 0, ...] with eps just above -4 made a grad_input of
+ * -1.75 * 2^-126 come out 0). Bounding every |g| by 2^126 through
  * their sum of squares keeps centred = g - x_hat * mean below 2^126 + 2^116
  * (|x_hat| <= sqrt(n), |mean| <= 2^100). The other rows go in double: rows
  * of very small x (inv_rms past 2^11), very large gradients, or g past
@@ -32,7 +36,8 @@ RMS_ALWAYS_INLINE int rms_float_path_needs_g_bound(rms_kind xk)
 RMS_ALWAYS_INLINE int rms_bfloat16_row_fits_float(double inv_rms, double mean,
                                                   double sum_g_squares)
 {
-    return inv_rms * (2.0 + fabs(mean)) <= 0x1p12 && sum_g_squares <= 0x1p252;
+    return inv_rms * (2.0 + fabs(mean)) <= 0x1p12 && sum_g_squares <= 0x1p252 &&
+           (mean == 0.0 || fabs(mean) >= 0x1p-126);
 }
 
 /* A backward row's reduction pass: sum(x^2) and sum(g w x), and from them

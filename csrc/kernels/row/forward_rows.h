@@ -149,8 +149,9 @@ RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int wit
    value below 2^-537), from one more pass over the row. An inv_rms of 0,
    inf or NaN leaves nothing to round.
    Without fused multiply-adds, the same goes for rows whose y may reach
-   2^1022 (|x * inv_rms| is at most sqrt(sum_squares) * inv_rms): their
-   product u_hi * w may round past DBL_MAX where y itself does not. */
+   2^1022 (|x * inv_rms| is at most sqrt(sum_squares) * inv_rms), and for
+   rows whose plain sum of squares needs a rescale, which bounds nothing:
+   their product u_hi * w may round past DBL_MAX where y itself does not. */
 RMS_ALWAYS_INLINE int rms_row_may_go_near_underflow(rms_kind xk, ptrdiff_t n, const char *x,
                                                     ptrdiff_t xs, const rms_row_weight *w,
                                                     double least_square, double sum_squares,
@@ -159,7 +160,8 @@ RMS_ALWAYS_INLINE int rms_row_may_go_near_underflow(rms_kind xk, ptrdiff_t n, co
     if (xk != RMS_KIND_F64 || !(inv_rms > 0.0) || isinf(inv_rms)) {
         return 0;
     }
-    if (!RMS_HAVE_FMA && !(sqrt(sum_squares) * inv_rms * w->largest < 0x1p1022)) {
+    if (!RMS_HAVE_FMA && (rms_sum_needs_rescale(sum_squares) ||
+                          !(sqrt(sum_squares) * inv_rms * w->largest < 0x1p1022))) {
         return 1;
     }
     const double least = least_square > 0.0 ? sqrt(least_square) : rms_least_nonzero(n, x, xs);
