@@ -730,6 +730,27 @@ def test_an_output_a_hair_under_the_overflow_threshold_is_finite(isa, n, weight_
     assert y[0] == sign * DOUBLE_MAX, f"on {isa}: {y[0]!r}"
 
 
+@pytest.mark.parametrize("variant", ["forward_offset", "add_forward_offset"])
+@pytest.mark.parametrize("weight_hex, offset", [("0x1.5555555555555p+1022", -1.0),
+                                                ("0x1.5555555555555p-950", -(2.0**-1074)),
+                                                ("0x1.5555555555555p-950", -(2.0**-1060))],
+                         ids=["near-overflow", "subnormal-offset", "tiny-offset"])
+def test_an_offsets_last_bits_settle_a_tie_of_the_rest(isa, variant, weight_hex, offset):
+    """With 1/RMS = 1, y = 3 (w + offset) lies a few units of 2^-1074 below
+    the tie that 3 w sits on, near DBL_MAX (where the tie is the one with
+    2^1024) or near 2^-948 (below 2^-900, where rows are written element by
+    element); the element-by-element write dropped the offset's part, and
+    rounded the tie up (to inf near the top, on the portable kernels)."""
+    weight = np.full(25, float.fromhex(weight_hex))
+    x = np.array([3.0, 4.0] + [0.0] * 23)  # mean(x**2) = 1
+    expected = float(3 * (Fraction(weight[0]) + Fraction(offset)))
+    if variant == "forward_offset":
+        y = rmsnorm.forward_offset(x, weight, F64(offset), F64(0.0))
+    else:
+        y, _ = rmsnorm.add_forward_offset(x, np.zeros(25), weight, F64(offset), F64(0.0))
+    assert y[0] == expected, f"{variant} on {isa}: {y[0].hex()}, expected {expected.hex()}"
+
+
 # bfloat16 rows whose grad_input is a normal bfloat16 while a factor the
 # vector kernels' float backward forms is not a normal float: (x,
 # grad_output, weight); the vector kernels write them in double.

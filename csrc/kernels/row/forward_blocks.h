@@ -258,6 +258,24 @@ RMS_ALWAYS_INLINE int rms_rounds_alike(rms_kind kind, const rms_block *v, double
                         rms_vf_narrow16(kind, rms_vf_narrow_round_to_odd(up)));
 }
 
+/* sum, the double nearest sum + *err (a two-sum's), made the one nearest
+   sum + *err + lost, a far smaller part: they differ where sum + *err is
+   halfway between sum and its neighbour toward *err and lost points there
+   too (with an offset, 3 (w - 1) just under the tie of DBL_MAX and 2^1024
+   rounded up to inf). *err becomes what the double returned leaves out. */
+static inline double rms_tie_broken(double sum, double *err, double lost)
+{
+    if (lost == 0.0 || *err == 0.0 || (lost > 0.0) != (*err > 0.0)) {
+        return sum;
+    }
+    const double toward = nextafter(sum, *err > 0.0 ? INFINITY : -INFINITY);
+    if (2.0 * *err != toward - sum) { /* both exact: not a tie */
+        return sum;
+    }
+    *err = -*err;
+    return toward;
+}
+
 /*
  * y = x * (w_hi + w_lo) * inv * 2^exponent for one float64 element, x and
  * w_hi finite and nonzero, inv in [0.5, 1): rounded once, however far y is
@@ -275,12 +293,16 @@ static inline double rms_forward_element_scaled(double x, double w_hi, double w_
     const double w_lo_sig = ldexp(w_lo, -w_exponent);
     /* a = x_sig * (w_sig + w_lo_sig), then a * inv, each as hi + lo */
     const double a_hi = x_sig * w_sig;
-    const double a_lo = fma(x_sig, w_sig, -a_hi) + x_sig * w_lo_sig;
+    const double w_lo_part = x_sig * w_lo_sig;
+    double a_lost;
+    const double a_lo = rms_two_sum(fma(x_sig, w_sig, -a_hi), w_lo_part, &a_lost);
+    /* what a_lo leaves out, w_lo's last bits: only its sign counts, at a tie */
+    const double lost = (a_lost + fma(x_sig, w_lo_sig, -w_lo_part)) * inv.hi;
     const double b_hi = a_hi * inv.hi;
     const double b_lo = fma(a_hi, inv.hi, -b_hi) + (a_hi * inv.lo + a_lo * inv.hi);
     double err;
-    const double sum = rms_two_sum(b_hi, b_lo, &err);
-    return rms_dd_ldexp(sum, err, x_exponent + w_exponent + exponent);
+    const double sum = rms_tie_broken(rms_two_sum(b_hi, b_lo, &err), &err, lost);
+    return rms_dd_ldexp(sum, err != 0.0 ? err : lost, x_exponent + w_exponent + exponent);
 }
 
 /* Where a float64 block's x * inv_rms or y falls below this, its double
