@@ -130,6 +130,24 @@ static inline double rms_dd_ldexp(double s, double t, int k)
     return r;
 }
 
+/* sum, the double nearest sum + *err (a two-sum's), made the one nearest
+   sum + *err + lost, a far smaller part: they differ where sum + *err is
+   halfway between sum and its neighbour toward *err and lost points there
+   too (with an offset, 3 (w - 1) just under the tie of DBL_MAX and 2^1024
+   rounded up to inf). *err becomes what the double returned leaves out. */
+static inline double rms_tie_broken(double sum, double *err, double lost)
+{
+    if (lost == 0.0 || *err == 0.0 || (lost > 0.0) != (*err > 0.0)) {
+        return sum;
+    }
+    const double toward = nextafter(sum, *err > 0.0 ? INFINITY : -INFINITY);
+    if (2.0 * *err != toward - sum) { /* both exact: not a tie */
+        return sum;
+    }
+    *err = -*err;
+    return toward;
+}
+
 /* Sums of squares outside [2^-900, 2^900] (or NaN) are recomputed on a
    scaled row: squares of float64 values overflow or lose bits there. */
 RMS_ALWAYS_INLINE int rms_sum_needs_rescale(double sum_squares)

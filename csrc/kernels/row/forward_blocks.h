@@ -258,24 +258,6 @@ RMS_ALWAYS_INLINE int rms_rounds_alike(rms_kind kind, const rms_block *v, double
                         rms_vf_narrow16(kind, rms_vf_narrow_round_to_odd(up)));
 }
 
-/* sum, the double nearest sum + *err (a two-sum's), made the one nearest
-   sum + *err + lost, a far smaller part: they differ where sum + *err is
-   halfway between sum and its neighbour toward *err and lost points there
-   too (with an offset, 3 (w - 1) just under the tie of DBL_MAX and 2^1024
-   rounded up to inf). *err becomes what the double returned leaves out. */
-static inline double rms_tie_broken(double sum, double *err, double lost)
-{
-    if (lost == 0.0 || *err == 0.0 || (lost > 0.0) != (*err > 0.0)) {
-        return sum;
-    }
-    const double toward = nextafter(sum, *err > 0.0 ? INFINITY : -INFINITY);
-    if (2.0 * *err != toward - sum) { /* both exact: not a tie */
-        return sum;
-    }
-    *err = -*err;
-    return toward;
-}
-
 /*
  * y = x * (w_hi + w_lo) * inv * 2^exponent for one float64 element, x and
  * w_hi finite and nonzero, inv in [0.5, 1): rounded once, however far y is
