@@ -30,7 +30,8 @@ typedef struct {
                       broadcast of it was not always taken out of the loop */
     int product_error;   /* the fast path's, rms_fast16_product_error */
     double sum_error;    /* rms_sum_error, or 0 where the sum is exact */
-    int near_underflow;  /* whether a float64 block's write may go near underflow */
+    int near_range_edge; /* whether a float64 block's write may go near underflow, or
+                            near overflow without fused multiply-adds */
     rms_unsure_blocks *unsure; /* the double path's, where sum_error leaves a block undecided */
 } rms_inv_forms;
 
@@ -85,14 +86,14 @@ static inline float rms_float_at_least(double v)
    that was not enough. */
 RMS_ALWAYS_INLINE rms_inv_forms rms_inv_forms_of(rms_kind xk, rms_kind wk, int with_offset,
                                                  double offset, rms_dd inv_rms, double sum_error,
-                                                 int near_underflow, rms_unsure_blocks *unsure,
+                                                 int near_range_edge, rms_unsure_blocks *unsure,
                                                  rms_write_mode mode)
 {
     rms_inv_forms forms;
     forms.product_error = rms_fast16_product_error(xk, wk, with_offset);
     forms.dd = inv_rms;
     forms.sum_error = sum_error;
-    forms.near_underflow = near_underflow;
+    forms.near_range_edge = near_range_edge;
     forms.unsure = unsure;
     const float hi = (float)inv_rms.hi;
     forms.hi = rms_vf_set(hi);
@@ -389,7 +390,7 @@ RMS_ALWAYS_INLINE int rms_any_infinite_where_both_nonzero(rms_vd v, rms_vd a, rm
    is and 0 returned, for it to be written again from an exact sum
    (rms_forward_row_exactly); else 1.
    w_lo, where not NULL, holds the part of the weight that w (doubles)
-   leaves out: offset + weight is w + w_lo exactly. With check_underflow
+   leaves out: offset + weight is w + w_lo exactly. With check_range_edge
    (float64 rows that may go near underflow, or near overflow without fused
    multiply-adds: rms_forward_row_plan), a block with a lane of x * inv_rms
    or y below RMS_NEAR_UNDERFLOW, or there a y that came out infinite, is
@@ -398,7 +399,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
                                                ptrdiff_t xs, const char *w, ptrdiff_t ws,
                                                const double *w_lo, char *y, ptrdiff_t ys,
                                                ptrdiff_t count, rms_dd inv_rms, double sum_error,
-                                               int check_underflow, int stream)
+                                               int check_range_edge, int stream)
 {
     const rms_block xv = rms_load_doubles(xk, x, xs, count);
     const rms_block wv = rms_load_doubles(wk, w, ws, count);
@@ -408,7 +409,7 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
     }
     const rms_vd inv_hi = rms_vd_set(inv_rms.hi), inv_lo = rms_vd_set(inv_rms.lo);
     rms_block hi, err;
-    int rewrite = 0; /* where check_underflow: rms_forward_block_scaled */
+    int rewrite = 0; /* where check_range_edge: rms_forward_block_scaled */
     RMS_UNROLL
     for (int h = 0; h < RMS_VD_PER_VF; h++) {
         const rms_vd xh = rms_vd_in_register(xv.part[h]), wh = rms_vd_in_register(wv.part[h]);
@@ -435,15 +436,15 @@ RMS_ALWAYS_INLINE int rms_forward_block_double(rms_kind xk, rms_kind wk, const c
         else {
             hi.part[h] = rms_vd_product_plus(u_hi, wh, low, &err.part[h]);
         }
-        if (xk == RMS_KIND_F64 && check_underflow) {
+        if (xk == RMS_KIND_F64 && check_range_edge) {
             rewrite |= rms_vd_any_below_where_both_nonzero(
                 u_hi, hi.part[h], rms_vd_set(RMS_NEAR_UNDERFLOW), xh, wh);
         }
-        if (xk == RMS_KIND_F64 && check_underflow && !RMS_HAVE_FMA) {
+        if (xk == RMS_KIND_F64 && check_range_edge && !RMS_HAVE_FMA) {
             rewrite |= rms_any_infinite_where_both_nonzero(hi.part[h], xh, wh);
         }
     }
-    if (xk == RMS_KIND_F64 && check_underflow && rewrite) {
+    if (xk == RMS_KIND_F64 && check_range_edge && rewrite) {
         rms_forward_block_scaled(wk, x, xs, w, ws, w_lo, count, inv_rms, &hi);
     }
     const int sure = !rms_kind_is_float_exact(xk) || sum_error == 0.0 ||
@@ -482,12 +483,12 @@ RMS_ALWAYS_INLINE void rms_forward_block_unbounded(rms_kind xk, rms_kind wk, con
    forward.) */
 typedef int (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws,
                                    const double *w_lo, char *y, ptrdiff_t ys, ptrdiff_t count,
-                                   rms_dd inv_rms, double sum_error, int check_underflow,
+                                   rms_dd inv_rms, double sum_error, int check_range_edge,
                                    int stream);
 #define RMS_BLOCK_DOUBLE_OF(name, x_kind, w_kind)                                              \
     RMS_NOINLINE int rms_forward_block_double_##name(                                          \
         const char *x, ptrdiff_t xs, const char *w, ptrdiff_t ws, const double *w_lo, char *y, \
-        ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms, double sum_error, int check_underflow,  \
+        ptrdiff_t ys, ptrdiff_t count, rms_dd inv_rms, double sum_error, int check_range_edge, \
         int stream)                                                                            \
     {                                                                                          \
         if (isinf(inv_rms.hi)) {                                                               \
@@ -497,7 +498,7 @@ typedef int (*rms_block_double_fn)(const char *x, ptrdiff_t xs, const char *w, p
         }                                                                                      \
         return rms_forward_block_double(RMS_KIND_##x_kind, RMS_KIND_##w_kind, x, xs, w, ws,    \
                                         w_lo, y, ys, count, inv_rms, sum_error,                \
-                                        check_underflow, stream);                              \
+                                        check_range_edge, stream);                             \
     }
 /* One for each type (types.h), and for each kind of x with an offset,
    whose weight is offset + weight as doubles: float32's and float64's

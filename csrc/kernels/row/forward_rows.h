@@ -139,23 +139,24 @@ RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int wit
     return plan;
 }
 
-/* A float64 row's products x * inv_rms and x * w * inv_rms stay above
-   RMS_NEAR_UNDERFLOW where its least nonzero value and weight keep them
-   there: then every block's double write rounds y once. Else its blocks
-   are written out of line, each checked, and those that went near
-   underflow written again (rms_forward_block_scaled). The check,
-   in every block of every row, took a tenth longer in cache. The least
-   value comes from the least square, or, where that is 0 (a zero, or a
-   value below 2^-537), from one more pass over the row. An inv_rms of 0,
-   inf or NaN leaves nothing to round.
-   Without fused multiply-adds, the same goes for rows whose y may reach
-   2^1022 (|x * inv_rms| is at most sqrt(sum_squares) * inv_rms), and for
-   rows whose plain sum of squares needs a rescale, which bounds nothing:
-   their product u_hi * w may round past DBL_MAX where y itself does not. */
-RMS_ALWAYS_INLINE int rms_row_may_go_near_underflow(rms_kind xk, ptrdiff_t n, const char *x,
-                                                    ptrdiff_t xs, const rms_row_weight *w,
-                                                    double least_square, double sum_squares,
-                                                    double inv_rms)
+/* Whether a float64 row's write may go near the edges of double's range:
+   then its blocks are written out of line, each checked, and those that
+   went there written again (rms_forward_block_scaled). The check, in
+   every block of every row, took a tenth longer in cache.
+   Underflow: the products x * inv_rms and x * w * inv_rms stay above
+   RMS_NEAR_UNDERFLOW where the row's least nonzero value and weight keep
+   them there, and every block's double write then rounds y once. The
+   least value comes from the least square, or, where that is 0 (a zero,
+   or a value below 2^-537), from one more pass over the row. An inv_rms
+   of 0, inf or NaN leaves nothing to round.
+   Overflow, without fused multiply-adds: rows whose y may reach 2^1022
+   (|x * inv_rms| is at most sqrt(sum_squares) * inv_rms), and rows whose
+   plain sum of squares needs a rescale, which bounds nothing: their
+   product u_hi * w may round past DBL_MAX where y itself does not. */
+RMS_ALWAYS_INLINE int rms_row_may_go_near_range_edge(rms_kind xk, ptrdiff_t n, const char *x,
+                                                     ptrdiff_t xs, const rms_row_weight *w,
+                                                     double least_square, double sum_squares,
+                                                     double inv_rms)
 {
     if (xk != RMS_KIND_F64 || !(inv_rms > 0.0) || isinf(inv_rms)) {
         return 0;
@@ -264,7 +265,8 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_remade_row_in_double(
 
 /* One row of the forward's plan: inv_rms from its sum of squares
    (rms_row_plan_of says how exact), the write mode, and whether a float64
-   write may go near underflow; or the rare rows' own ways. */
+   write may go near the edges of double's range; or the rare rows' own
+   ways. */
 RMS_ALWAYS_INLINE rms_row_plan rms_forward_row_plan(rms_kind xk, rms_kind wk, int with_residual,
                                                     ptrdiff_t n, const rms_row_source *row,
                                                     const rms_row_weight *w, double eps,
@@ -303,10 +305,10 @@ RMS_ALWAYS_INLINE rms_row_plan rms_forward_row_plan(rms_kind xk, rms_kind wk, in
         plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
         plan.sum_error = 0.0;
     }
-    plan.near_underflow =
-        rms_row_may_go_near_underflow(xk, n, x, xs, w, sums.least_square,
+    plan.near_range_edge =
+        rms_row_may_go_near_range_edge(xk, n, x, xs, w, sums.least_square,
                                       sums.squares.hi, plan.inv_rms.hi);
-    if (plan.near_underflow && plan.mode == RMS_WRITE_DOUBLE) {
+    if (plan.near_range_edge && plan.mode == RMS_WRITE_DOUBLE) {
         plan.mode = RMS_WRITE_DOUBLE_OUT_OF_LINE;
     }
     return plan;
@@ -336,10 +338,10 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write_planned(
     const int reduce = next->x != NULL && (!streamed || next->ahead_x != NULL);
 #define RMS_WRITE_IN(mode)                                                                       \
     (reduce ? rms_forward_write(xk, wk, mode, with_residual, 1, n, row, w, y, ys, head, streamed, \
-                                stream, plan.inv_rms, plan.sum_error, plan.near_underflow,       \
+                                stream, plan.inv_rms, plan.sum_error, plan.near_range_edge,      \
                                 unsure, next)                                                    \
             : rms_forward_write(xk, wk, mode, with_residual, 0, n, row, w, y, ys, head, streamed, \
-                                stream, plan.inv_rms, plan.sum_error, plan.near_underflow,       \
+                                stream, plan.inv_rms, plan.sum_error, plan.near_range_edge,      \
                                 unsure, next))
     switch (plan.mode) {
     case RMS_WRITE_FAST16:
@@ -593,7 +595,7 @@ RMS_ALWAYS_INLINE void rms_prepare_row_weight(rms_kind xk, rms_kind wk,
 }
 
 /* float64's w->least, and without fused multiply-adds w->largest
-   (rms_row_may_go_near_underflow): once for a weight that rows share, else
+   (rms_row_may_go_near_range_edge): once for a weight that rows share, else
    for each row's; *least_of is the weight they were found for. */
 RMS_ALWAYS_INLINE void rms_find_least_weight(const rms_forward_problem *p, rms_row_weight *w,
                                              const char **least_of)

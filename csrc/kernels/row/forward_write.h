@@ -116,7 +116,7 @@ RMS_NOINLINE int rms_forward_block_double_offset_of(rms_kind xk, const char *x, 
                                                     const double *hi, const double *lo,
                                                     char *y, ptrdiff_t ys, ptrdiff_t count,
                                                     rms_dd inv_rms, double sum_error,
-                                                    int check_underflow, int stream)
+                                                    int check_range_edge, int stream)
 {
     double hi_made[RMS_VF_WIDTH], lo_made[RMS_VF_WIDTH];
     if (RMS_OFFSET_IN_FLOATS(xk, RMS_KIND_F32) && lo == NULL) {
@@ -128,7 +128,7 @@ RMS_NOINLINE int rms_forward_block_double_offset_of(rms_kind xk, const char *x, 
         lo = lo_made;
     }
     return rms_forward_block_double_offset[xk](x, xs, (const char *)hi, 8, lo, y, ys, count,
-                                               inv_rms, sum_error, check_underflow, stream);
+                                               inv_rms, sum_error, check_range_edge, stream);
 }
 
 /*
@@ -327,15 +327,16 @@ RMS_ALWAYS_INLINE rms_row_sums rms_reduce_row(rms_kind xk, int with_residual, pt
 
 /* How a row is written (rms_forward_row_plan): its inv_rms, within
    sum_error of the one from the exact sum, its write mode, and whether a
-   float64 row's write may go near underflow; or one of the rare rows'
-   ways: a remade row whose inv_rms is made again from its values
-   (rms_forward_remade_row_in_double), or a float64 row whose inv_rms
-   leaves double's normal range, as scaled (rms_forward_row_extreme). */
+   float64 row's write may go near the edges of double's range; or one of
+   the rare rows' ways: a remade row whose inv_rms is made again from its
+   values (rms_forward_remade_row_in_double), or a float64 row whose
+   inv_rms leaves double's normal range, as scaled
+   (rms_forward_row_extreme). */
 typedef struct {
     rms_dd inv_rms;
     rms_write_mode mode;
     double sum_error;
-    int near_underflow;
+    int near_range_edge;
     int remade_in_double;
     int extreme;
     rms_scaled_inv scaled;
@@ -358,12 +359,12 @@ RMS_ALWAYS_INLINE void rms_forward_block_in_double(rms_kind xk, rms_kind wk, rms
         sure = rms_forward_block_double_offset_of(
             xk, x, xs, w_at, w->stride, w->offset, w->lo != NULL ? w->hi + at : NULL,
             w->lo != NULL ? w->lo + at : NULL, y, ys, count, inv->dd, inv->sum_error,
-            inv->near_underflow, stream);
+            inv->near_range_edge, stream);
     }
     else {
         sure = rms_forward_block_double_out_of_line[xk][wk](
             x, xs, w_at, w->stride, NULL, y, ys, count, inv->dd, inv->sum_error,
-            inv->near_underflow, stream);
+            inv->near_range_edge, stream);
     }
     if (!sure) {
         rms_unsure_blocks *unsure = inv->unsure;
@@ -559,7 +560,7 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(
     rms_kind xk, rms_kind wk, rms_write_mode mode, int with_residual, int reduce, ptrdiff_t n,
     const rms_row_source *row_source, const rms_row_weight *weight, char *y, ptrdiff_t ys,
     ptrdiff_t head, int streamed, int stream, rms_dd inv_rms, double sum_error,
-    int near_underflow, rms_unsure_blocks *unsure, const rms_row_source *next_source)
+    int near_range_edge, rms_unsure_blocks *unsure, const rms_row_source *next_source)
 {
     const rms_row_source row_known = rms_source_known(xk, row_source);
     const rms_row_source next_known = rms_source_known(xk, next_source);
@@ -569,7 +570,7 @@ RMS_ALWAYS_INLINE rms_row_sums rms_forward_write(
     /* only the out-of-line double write checks for underflow */
     const rms_inv_forms inv = rms_inv_forms_of(
         xk, wk, w->with_offset, w->offset, inv_rms, sum_error,
-        mode == RMS_WRITE_DOUBLE_OUT_OF_LINE && near_underflow, unsure, mode);
+        mode == RMS_WRITE_DOUBLE_OUT_OF_LINE && near_range_edge, unsure, mode);
     const ptrdiff_t size = rms_kind_size(xk);
     const int residual_out_streamed =
         with_residual && row->remade &&
