@@ -334,14 +334,20 @@ def rms_norm_backward(
     offset = _resolve_weight_offset(weight_offset, weight)
     grad = _backward_grad(grad_output, x, dtype, "grad_output")
     rows = (math.prod(x.shape[: x.ndim - len(shape)]), n)
+    operands = (_fold(grad, rows), _fold(x, rows), weight_row)
     # As in rms_norm: the operands' dtypes, not a signature=, pick the loop.
     if offset is None:
-        grad_input, grad_weight = backward(grad.reshape(rows), x.reshape(rows), weight_row, eps)
+        grad_input, grad_weight = backward(*operands, eps)
     else:
-        grad_input, grad_weight = backward_offset(
-            grad.reshape(rows), x.reshape(rows), weight_row, offset, eps
-        )
+        grad_input, grad_weight = backward_offset(*operands, offset, eps)
     return _gradients(grad_input.reshape(x.shape), grad_weight, weight, shape, weight_dtype)
+
+
+def _fold(array, rows: tuple[int, int]):
+    """``array`` as the backward's (rows, n) operand. np.reshape, not the
+    method: it dispatches a duck array that has one (dask) to it, and goes
+    through NumPy for one that has none (a pandas Series)."""
+    return np.reshape(array, rows)
 
 
 def _backward_grad(grad_output, x, dtype: np.dtype, what: str):
@@ -363,6 +369,14 @@ def _gradients(grad_input, grad_weight, weight, shape, weight_dtype):
     # torch gives each gradient its tensor's dtype, also where the loop's
     # weight dtype differs (a float16 weight with float32 input, say).
     return grad_input, grad_weight.reshape(shape).astype(weight_dtype, copy=False)
+
+
+# np.shares_memory's exact answer is exponential in the arrays' dimensions
+# (crafted strides take hours): this bounds it to under a millisecond.
+# Arrays it cannot tell apart within that are refused as overlapping, as
+# NumPy's ufuncs copy operands they cannot rule out (with max_work=1).
+_OVERLAP_MAX_WORK = 10_000
+_TooHardError = getattr(np, "exceptions", np).TooHardError  # np.exceptions from NumPy 1.25
 
 
 def _check_out(out, x):
@@ -388,12 +402,22 @@ def _check_out(out, x):
         if not array.flags.writeable:
             raise ValueError(f"out's {name} is read-only")
     output, residual_out = out
-    if output is not None and residual_out is not None and np.shares_memory(output, residual_out):
-        raise ValueError(
-            "out's output and residual_out overlap: the output would overwrite the sum it "
-            "is computed from. Pass separate arrays (out=(y, residual) updates the residual "
-            "in place)"
-        )
+    if output is not None and residual_out is not None:
+        try:
+            overlap = np.shares_memory(output, residual_out, max_work=_OVERLAP_MAX_WORK)
+        except _TooHardError:
+            raise ValueError(
+                "out's output and residual_out may overlap: their strides are too intricate "
+                "to rule it out in bounded time, and where they overlap the output would "
+                "overwrite the sum it is computed from. Pass separate arrays (out=(y, residual) "
+                "updates the residual in place)"
+            ) from None
+        if overlap:
+            raise ValueError(
+                "out's output and residual_out overlap: the output would overwrite the sum it "
+                "is computed from. Pass separate arrays (out=(y, residual) updates the residual "
+                "in place)"
+            )
     return output, residual_out
 
 
@@ -425,10 +449,13 @@ def add_rms_norm(
     offset = _resolve_weight_offset(weight_offset, weight)
     residual = _check_residual(residual, x, "residual")
     output, residual_out = _check_out(out, x)
-    # Folding out= into rows must give views, or the results would land in copies.
+    # Folding out= into rows must give views, or the results would land in
+    # copies. A view lies within its array's bounds and a copy is fresh
+    # memory outside them, so the bounds tell them apart, at a cost linear in
+    # the dimensions (np.shares_memory's exact answer is exponential in them).
     outs = tuple(None if a is None else _rows(a, shape, n) for a in (output, residual_out))
     folded = all(
-        a is None or np.shares_memory(a, r) for a, r in zip((output, residual_out), outs)
+        a is None or np.may_share_memory(a, r) for a, r in zip((output, residual_out), outs)
     )
     operands = (_rows(x, shape, n), _rows(residual, shape, n), weight_row)
     operands += (eps,) if offset is None else (offset, eps)
@@ -482,7 +509,7 @@ def add_rms_norm_backward(
     grad_residual_out = _backward_grad(grad_residual_out, residual_out, dtype, "grad_residual_out")
     rows = (math.prod(residual_out.shape[: residual_out.ndim - len(shape)]), n)
     operands = (
-        grad.reshape(rows), grad_residual_out.reshape(rows), residual_out.reshape(rows), weight_row
+        _fold(grad, rows), _fold(grad_residual_out, rows), _fold(residual_out, rows), weight_row
     )
     if offset is None:
         grad_input, grad_weight = add_backward(*operands, eps)

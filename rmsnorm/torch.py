@@ -76,6 +76,8 @@ torch's numbers; use ``torch.compile`` or ``torch.export``).
 
 import functools
 import math
+import numbers
+import operator
 import warnings
 
 import numpy as np
@@ -168,21 +170,81 @@ def _check_operands(function: str, operands) -> None:
         if value is None and name == "weight":
             continue
         if not isinstance(value, torch.Tensor):
-            kind = type(value)
-            kind_name = (
-                kind.__qualname__
-                if kind.__module__ == "builtins"
-                else f"{kind.__module__}.{kind.__qualname__}"
-            )
             raise TypeError(
                 f"{function}(): argument '{name}' (position {position}) must be Tensor, "
-                f"not {kind_name}"
+                f"not {_type_name(value)}"
             )
         if value.layout in _SPARSE_LAYOUTS:
             raise NotImplementedError(
                 f"{function}(): {name} is a sparse tensor (layout {value.layout}); RMSNorm "
                 f"takes dense tensors: pass {name}.to_dense()"
             )
+
+
+def _type_name(value) -> str:
+    """``value``'s type as torch's argument errors name it: numpy.int64, float, Tensor."""
+    kind = type(value)
+    if kind.__module__ == "builtins" or isinstance(value, torch.Tensor):
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _shape_tuple(normalized_shape, function: str, position: int) -> tuple:
+    """``normalized_shape`` as a tuple of ints, or torch's TypeError naming it.
+
+    Each size is taken as torch takes it, by ``operator.index``: NumPy
+    integers and 0-d integer tensors are sizes, floats, strings and bools
+    are not. A single integer is a shape of one dimension, as
+    ``torch.nn.RMSNorm`` takes it (torch's functional takes only sequences).
+    """
+    kind = type(normalized_shape)
+    if kind is int:
+        return (normalized_shape,)
+    # Lists and tuples first, without isinstance against numbers.Integral
+    # (an abstract class, slow to test): a module passes its tuple each call.
+    if kind is not tuple and kind is not list:
+        if isinstance(normalized_shape, numbers.Integral) and kind is not bool:
+            return (operator.index(normalized_shape),)
+        # A string is iterable, and bytes iterate as ints: neither is a shape.
+        if isinstance(normalized_shape, (str, bytes)):
+            raise TypeError(_not_a_shape(function, position, normalized_shape))
+    try:
+        sizes = tuple(normalized_shape)
+    except TypeError:  # a float, None, a 0-d array or tensor
+        raise TypeError(_not_a_shape(function, position, normalized_shape)) from None
+    for size in sizes:
+        if type(size) is not int:
+            return tuple(_size(s, function, position, pos) for pos, s in enumerate(sizes))
+    return sizes
+
+
+def _not_a_shape(function: str, position: int, value, pos=None) -> str:
+    """torch's words for a normalized_shape, or its element at ``pos``, that is no shape."""
+    argument = f"{function}(): argument 'normalized_shape' (position {position})"
+    expected = f"{argument} must be tuple of ints"
+    if pos is None:
+        return f"{expected}, not {_type_name(value)}"
+    return f"{expected}, but found element of type {_type_name(value)} at pos {pos}"
+
+
+def _size(size, function: str, position: int, pos: int):
+    """One size of a normalized_shape, by operator.index. Under torch.compile
+    each size goes to the op as it is, whose SymInt[] takes and checks it as
+    torch does: operator.index would pin a symbolic size (dynamic shapes) to
+    its current value, and read a NumPy integer, which Dynamo traces as a
+    tensor, out of the graph (a graph break)."""
+    if _is_compiling():
+        return size
+    # operator.index takes True, and a bool tensor, as 1; torch refuses them.
+    if not (
+        isinstance(size, (bool, np.bool_))
+        or (isinstance(size, torch.Tensor) and size.dtype == torch.bool)
+    ):
+        try:
+            return operator.index(size)
+        except TypeError:
+            pass
+    raise TypeError(_not_a_shape(function, position, size, pos))
 
 
 def _check_shapes(input, shape: tuple, weight, same_shape=()) -> None:
@@ -797,7 +859,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, weight_offset=0.
     >>> rmsnorm.torch.rms_norm(torch.tensor([[3.0, 4.0]]), [2], eps=0.0)
     tensor([[0.8485, 1.1314]])
     """
-    shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
+    shape = _shape_tuple(normalized_shape, "rms_norm", 2)
     if type(weight_offset) is not float or weight_offset:
         weight_offset = _weight_offset_float(weight_offset, weight)
     try:
@@ -832,7 +894,7 @@ def add_rms_norm(input, residual, normalized_shape, weight=None, eps=None, *, we
     >>> rmsnorm.torch.add_rms_norm(x, residual, [2], eps=0.0)
     (tensor([[0.8485, 1.1314]]), tensor([[3., 4.]]))
     """
-    shape = (normalized_shape,) if type(normalized_shape) is int else tuple(normalized_shape)
+    shape = _shape_tuple(normalized_shape, "add_rms_norm", 3)
     if type(weight_offset) is not float or weight_offset:
         weight_offset = _weight_offset_float(weight_offset, weight)
     try:
@@ -888,6 +950,8 @@ class RMSNorm(torch.nn.RMSNorm):
         # Checked as the NumPy module checks it: a real number, and not without a weight.
         _resolve_weight_offset(weight_offset, True if elementwise_affine else None)
         self.weight_offset = float(weight_offset)  # before reset_parameters reads it
+        # Checked here, where torch.nn.RMSNorm's own error would name torch.empty's size.
+        normalized_shape = _shape_tuple(normalized_shape, "RMSNorm", 1)
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
 
     def reset_parameters(self) -> None:

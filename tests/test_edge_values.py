@@ -180,6 +180,24 @@ def _memmap(c):
 
 odd("layout", "memmap_read_only", _memmap)
 
+
+def _pandas_series_backward(c):
+    # A Series reaches the gufuncs as a duck array (it has __array_ufunc__),
+    # but has no reshape method for the backward's folding into rows.
+    pd = pytest.importorskip("pandas", reason="pandas is optional: the Series case needs it")
+    grad, x, grad_sum = c.grad((5,), F64), c.x((5,), F64), c.grad((5,), F64)
+    weight = c.weight((5,), F64)
+    pairs = _tuples(backward_pair(pd.Series(grad), pd.Series(x), weight))
+    pairs += zip(
+        rmsnorm.add_rms_norm_backward(pd.Series(grad), pd.Series(grad_sum), pd.Series(x), 5,
+                                      weight, EPS),
+        rmsnorm.add_rms_norm_backward(plain(grad), plain(grad_sum), plain(x), 5, plain(weight),
+                                      EPS))
+    return pairs
+
+
+odd("layout", "pandas_series_backward", _pandas_series_backward)
+
 # ---- conventions: NumPy's casting and Python's number types ------------------
 odd("conventions", "gufunc_int_input_is_cast_to_float64",
     lambda c: [(rmsnorm.forward(c.keep(np.arange(12).reshape(3, 4)), np.ones(4), 0.0),

@@ -27,12 +27,16 @@ What is pinned here, section by section:
 from __future__ import annotations
 
 import contextlib
+import mmap
 import pickle
 import re
+import sys
+import threading
 import tracemalloc
 
 import numpy as np
 import pytest
+from numpy.lib.stride_tricks import as_strided
 
 import rmsnorm
 from closeness import assert_forward_close, assert_grad_close, assert_same_bytes
@@ -985,6 +989,82 @@ def test_bad_out_is_refused_before_anything_is_written(case, arrays):
     outs = {f"out[{i}]": a for i, a in enumerate(targets)}
     with left_unchanged(**arrays, **outs), pytest.raises(error, match=message):
         rmsnorm.add_rms_norm(arrays["x"], arrays["residual"], N, arrays["weight"], EPS, out=out)
+
+
+# Linux's MAP_NORESERVE (Python's mmap has no name for it): address space
+# that takes no memory until it is written.
+_MAP_NORESERVE = 0x4000
+
+
+def _subset_sum_out(dims: int):
+    """out=(y, h) for an input of shape (2,) * dims + (1,), in one reserved
+    span: y's strides are random, 2**30 to 2**31 elements each, and h is one
+    element midway along y's span, under every index. Whether they overlap
+    is whether some of y's strides sum to h's offset, a subset sum: NumPy's
+    exact answer takes hours at 40 dimensions."""
+    steps = [int(s) for s in np.random.default_rng(1).integers(2**30, 2**31, dims)]
+    size = (sum(steps) + 16) * 8
+    try:
+        span = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    except OSError as error:  # vm.overcommit_memory=2 reserves nothing unbacked
+        pytest.skip(f"cannot reserve {size} bytes of address space: {error}")
+    memory = np.frombuffer(span, np.float64)
+    shape = (2,) * dims + (1,)
+    y = as_strided(memory, shape, tuple(8 * s for s in steps) + (8,))
+    h = as_strided(memory[sum(steps) // 2 :], shape, (0,) * dims + (8,))
+    return y, h
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reserves with MAP_NORESERVE")
+@pytest.mark.parametrize("order", ["y-then-h", "h-then-y"])
+def test_out_too_intricate_to_rule_out_overlap_is_refused_at_once(order):
+    y, h = _subset_sum_out(40)
+    out = (y, h) if order == "y-then-h" else (h, y)
+    x = np.broadcast_to(np.ones(1), y.shape)
+    outcome = []
+
+    def call():
+        try:
+            outcome.append(rmsnorm.add_rms_norm(x, x, 1, out=out))
+        except Exception as error:  # noqa: BLE001 -- reported by the assertions below
+            outcome.append(error)
+
+    # In a thread, so that an unbounded search fails the test rather than
+    # hanging it: NumPy's search releases the GIL.
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "add_rms_norm was still checking out= for overlap after 10 s"
+    assert isinstance(outcome[0], ValueError), outcome[0]
+    assert re.search("output and residual_out may overlap", str(outcome[0])), outcome[0]
+
+
+@pytest.mark.parametrize("normalized_shape", [(N,), (2, N // 2)], ids=str)
+@pytest.mark.parametrize("out", ["y-and-h", "y-and-none", "none-and-h", "strided-y-and-h"])
+def test_every_overlap_check_of_out_bounds_its_work(out, normalized_shape, arrays, monkeypatch):
+    # max_work -1 (np.shares_memory's default) asks for the exact answer,
+    # whose cost is exponential in the dimensions; None in
+    # np.may_share_memory compares bounds alone.
+    asked = []
+
+    def recording(check, default):
+        def check_recording(a, b, max_work=None):
+            asked.append((check.__name__, default if max_work is None else max_work))
+            return check(a, b, max_work=max_work)
+        return check_recording
+
+    monkeypatch.setattr(np, "shares_memory", recording(np.shares_memory, -1))
+    monkeypatch.setattr(np, "may_share_memory", recording(np.may_share_memory, 0))
+    shape = arrays["x"].shape[:-1] + normalized_shape
+    x, residual = arrays["x"].reshape(shape), arrays["residual"].reshape(shape)
+    y, h = np.empty_like(x), np.empty_like(x)
+    if out == "strided-y-and-h":  # rows that fold into copies, not views
+        y = np.empty(shape[:-1] + (2 * shape[-1],), np.float32)[..., ::2]
+    outs = {"y-and-none": (y, None), "none-and-h": (None, h)}.get(out, (y, h))
+    rmsnorm.add_rms_norm(x, residual, normalized_shape, eps=EPS, out=outs)
+    assert asked, "add_rms_norm checked nothing for overlap"
+    unbounded = [name for name, max_work in asked if max_work < 0]
+    assert not unbounded, f"unbounded overlap checks: {unbounded}"
 
 
 def test_module_backward_with_grad_residual_after_a_plain_forward_is_a_value_error(arrays):

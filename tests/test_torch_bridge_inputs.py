@@ -11,6 +11,9 @@
    the weight, and the same accepted offsets give the same results.
 4. Sparse tensors and non-tensors are refused naming what is wrong; meta
    tensors give torch's shapes and dtypes.
+5. ``normalized_shape`` takes the sizes torch takes, by ``operator.index``
+   (NumPy integers, 0-d integer tensors), and refuses the rest (floats,
+   strings, bools, None) with torch's TypeError, which names it.
 
 Expected values come from torch (``torch.nn.functional.rms_norm``, its
 autograd and forward AD, ``gradcheck``) or from math.
@@ -525,3 +528,95 @@ def test_meta_tensors_give_torchs_shapes_and_dtypes(dtype):
         assert (result.shape, result.dtype) == (expected.shape, expected.dtype)
     with pytest.raises(ValueError, match=r"residual must have the input's shape"):
         rt.add_rms_norm(x, residual[0], [N])
+
+
+# ---------------------------------------------------------------------------
+# 5. normalized_shape.
+# ---------------------------------------------------------------------------
+
+# name -> (a normalized_shape torch takes, the plain shape it is)
+INDEX_SHAPES = {
+    # One integer, as rmsnorm.torch takes an int (torch's module takes
+    # one, its functional only sequences).
+    "np.int64": (np.int64(N), (N,)),
+    "np.int64 element": ((np.int64(N),), (N,)),
+    "np.int32 in a list": ([np.int32(N)], (N,)),
+    "np.uint8 element": ((np.uint8(N),), (N,)),
+    "int and np.int64": ((3, np.int64(N)), (3, N)),
+    "1-d int array": (np.array([3, N]), (3, N)),
+    "0-d int array element": ((np.array(N),), (N,)),
+    "0-d int tensor element": ((torch.tensor(N),), (N,)),
+}
+
+
+@pytest.mark.parametrize("route", ["no_grad", "autograd"])
+@pytest.mark.parametrize("entry", ["rms_norm", "add_rms_norm", "RMSNorm"])
+@pytest.mark.parametrize("case", INDEX_SHAPES)
+def test_integers_torch_takes_are_sizes_of_normalized_shape(case, entry, route):
+    value, shape = INDEX_SHAPES[case]
+    generator = torch.Generator().manual_seed(13)
+    x, residual = (torch.randn(2, 3, N, dtype=torch.float64, generator=generator) for _ in range(2))
+    weight = torch.rand(shape, dtype=torch.float64, generator=generator) + 0.5
+    grad = route != "no_grad"
+
+    def run(call, x):
+        x = x.detach().clone().requires_grad_(grad)
+        with route_context(route):
+            y = call(x)
+            if grad:
+                y.sum().backward()
+        return y.detach(), x.grad
+
+    if entry == "RMSNorm":
+        module = rt.RMSNorm(value, dtype=torch.float64)
+        assert module.normalized_shape == shape
+        with torch.no_grad():
+            module.weight.copy_(weight)
+        got = run(module, x)
+    elif entry == "add_rms_norm":
+        got = run(lambda x: rt.add_rms_norm(x, residual, value, weight)[0], x)
+    else:
+        got = run(lambda x: rt.rms_norm(x, value, weight), x)
+    if entry == "add_rms_norm":
+        expected = run(lambda x: F.rms_norm(x + residual, shape, weight), x)
+    else:
+        expected = run(lambda x: F.rms_norm(x, shape, weight), x)
+    torch.testing.assert_close(got, expected)
+
+
+# name -> a normalized_shape torch refuses with a TypeError
+NOT_SHAPES = {
+    "float": 4.0,
+    "float element": (4.0,),
+    "np.float64": np.float64(4),
+    "str": "4",
+    "str element": ("4",),
+    "bytes": b"4",
+    "bool": True,
+    "bool element": (True,),
+    "np.bool_ element": (np.bool_(True),),
+    "None": None,
+    "None element": (None,),
+    "0-d int array": np.array(4),
+    "0-d int tensor": torch.tensor(4),
+    "float tensor element": (torch.tensor(4.0),),
+    "1-d array element": (np.array([4]),),
+}
+
+
+@pytest.mark.parametrize("entry", ["rms_norm", "add_rms_norm", "RMSNorm"])
+@pytest.mark.parametrize("case", NOT_SHAPES)
+def test_a_normalized_shape_torch_refuses_is_a_type_error_in_its_words(case, entry):
+    x = torch.randn(3, 4)
+    expected = torch_type_error(lambda: F.rms_norm(x, NOT_SHAPES[case]))
+    assert "argument 'normalized_shape' (position 2)" in expected
+    # The same words, naming the function called and normalized_shape's place in it.
+    if entry == "RMSNorm":
+        expected = expected.replace("rms_norm()", "RMSNorm()").replace("(position 2)", "(position 1)")
+        assert torch_type_error(lambda: rt.RMSNorm(NOT_SHAPES[case])) == expected
+    elif entry == "add_rms_norm":
+        expected = expected.replace("rms_norm()", "add_rms_norm()").replace("(position 2)",
+                                                                            "(position 3)")
+        assert torch_type_error(lambda: rt.add_rms_norm(x, x, NOT_SHAPES[case])) == expected
+    else:
+        assert torch_type_error(lambda: rt.rms_norm(x, NOT_SHAPES[case])) == expected
