@@ -642,6 +642,81 @@ def test_a_square_below_the_sums_rounding_still_decides_a_tie(dtype, n, eps, rou
     assert wrong == 0, f"{wrong} of {2 * rows} outputs just below a tie rounded up on {isa}"
 
 
+def _rounded_row_exactly(x_row, w_row, eps, dtype):
+    """forward(x_row, w_row, eps) rounded to nearest, each output settled in
+    rationals as _exactly_rounded settles one, with the row's sum made once."""
+    x = [Fraction(float(v)) for v in x_row]
+    s = sum(v * v for v in x) / len(x) + Fraction(float(eps))
+    assert s > 0, "the row's mean + eps is not positive"
+    root = math.sqrt(float(s))  # an estimate: float(s) is s to 2^-53
+    out = []
+    for xi, wi in zip(x, (Fraction(float(v)) for v in w_row)):
+        xw = xi * wi
+        magnitude = abs(dtype.type(float(xw) / root))
+        nearest = np.nextafter(magnitude, dtype.type(0))
+        for candidate in (magnitude, np.nextafter(magnitude, dtype.type(np.inf))):
+            m = (Fraction(float(nearest)) + Fraction(float(candidate))) / 2
+            if xw * xw > m * m * s:
+                nearest = candidate
+        out.append(nearest if xw > 0 else -nearest)
+    return np.array(out, dtype)
+
+
+# Rows [1, 2, 1, 2, 0] repeated, one 0 made t: mean(x**2) = 2 + t**2 / n,
+# and eps = -2 leaves mean + eps = t**2 / n, 2^-21 to 2^-141 of the mean.
+# A sum of squares kept to a double-double, 2^-106 of the mean, loses t**2
+# at the deepest: mean + eps comes out 0 or far off. The exact sum keeps
+# it, and every y = x w sqrt(n) / t is rounded once (float16's weights are
+# scaled down to keep y in its range).
+CANCELLED_DEPTHS = {"float16": (2.0**-6, 2.0**-12), "bfloat16": (2.0**-10, 2.0**-70),
+                    "float32": (2.0**-10, 2.0**-40, 2.0**-70),
+                    "float64": (2.0**-10, 2.0**-40, 2.0**-70)}
+CANCELLED_CASES = [(dtype, t, repeats) for dtype, depths in CANCELLED_DEPTHS.items()
+                   for t in depths for repeats in (1, 820)]
+# Rows found by a search of eps just under -mean(x**2), whose outputs all
+# came out about 1e-4 off on every instruction set (exact: rationals).
+CANCELLED_ROWS_FOUND = [
+    (np.float64, ["-0x1.1fffffffffff4p+0", "0x1.ffffffffffff0p-1", "-0x1.0000000000010p-2"],
+     "-0x1.8d5555555553ap-1"),
+    (np.float32, ["0x1.9f89b2p-29", "0x1.ae8428p-41", "0x1.66add2p-17", "0x1.2f0a76p-53"],
+     "-0x1.f68aap-36"),
+]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["forward", "add_forward"])
+@pytest.mark.parametrize(("dtype", "t", "repeats"), CANCELLED_CASES,
+                         ids=[f"{d}-t={t:g}-n={5 * r}" for d, t, r in CANCELLED_CASES])
+def test_an_eps_that_cancels_all_but_a_sliver_of_the_mean_still_rounds_once(dtype, t, repeats,
+                                                                           fused, isa):
+    dtype = _dtype(dtype)
+    if dtype is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    x = np.tile(np.array([1, 2, 1, 2, 0], dtype), repeats)
+    x[-1] = t
+    assert float(x[-1]) == t
+    scale = 2.0**-12 if dtype == np.float16 else 1.0
+    w = (np.random.default_rng(7).uniform(0.5, 2.0, x.size) * scale).astype(dtype)
+    eps = _eps_dtype(dtype).type(-2.0)
+    if fused:
+        y, _ = rmsnorm.add_forward(x, np.zeros_like(x), w, eps)
+    else:
+        y = rmsnorm.forward(x, w, eps)
+    expected = _rounded_row_exactly(x, w, eps, np.dtype(dtype))
+    wrong = np.flatnonzero(y.astype(np.float64) != expected.astype(np.float64))
+    assert wrong.size == 0, (f"{wrong.size} of {x.size} outputs not rounded once on {isa}, "
+                             f"first at {wrong[0]}: {y[wrong[0]]!r}, exact {expected[wrong[0]]!r}")
+
+
+@pytest.mark.parametrize(("dtype", "row", "eps"), CANCELLED_ROWS_FOUND,
+                         ids=[np.dtype(d).name for d, _, _ in CANCELLED_ROWS_FOUND])
+def test_rows_whose_eps_cancels_their_mean_found_by_search_round_once(dtype, row, eps, isa):
+    x = np.array([float.fromhex(v) for v in row], dtype)
+    eps = dtype(float.fromhex(eps))
+    w = np.ones(x.size, dtype)
+    expected = _rounded_row_exactly(x, w, eps, np.dtype(dtype))
+    assert_same_bytes(rmsnorm.forward(x, w, eps), expected, what=f"y on {isa}")
+
+
 # The rows above put mean(x**2) + eps on 4 c**2 (or a hair off it), so 1/RMS
 # is a power of two and a tie is exact in the kernels' double-double
 # arithmetic. Where 1/RMS is not one (1/6 below), the kernels settle an

@@ -200,6 +200,20 @@ def test_rows_once_found_wrong(case, isa):
     _assert_close_to_exact(grad_weight, exact_weight, "grad_weight")
 
 
+@pytest.mark.parametrize("t", [2.0**-40, 2.0**-70], ids=["t=2**-40", "t=2**-70"])
+def test_gradients_stay_near_the_exact_ones_where_eps_cancels_all_but_a_sliver_of_the_mean(t, isa):
+    """mean(x**2) of [1, 2, 1, 2, 2, 0, t] is 2 + t**2 / 7, and eps = -2
+    leaves t**2 / 7, below the last bits of a double-double sum of squares:
+    the backward's inv_rms comes from the exact sum, as the forward's does."""
+    x = np.array([[1.0, 2.0, 1.0, 2.0, 2.0, 0.0, t]])
+    grad_output = np.random.default_rng(5).uniform(-1.0, 1.0, x.shape)
+    weight = _weight(5)
+    grad_input, grad_weight = rmsnorm.backward(grad_output, x, weight, -2.0)
+    exact_input, exact_weight, terms = _exact_backward(grad_output, x, weight, -2.0)
+    _assert_close_to_exact(grad_input, exact_input, "grad_input", terms=terms)
+    _assert_close_to_exact(grad_weight, exact_weight, "grad_weight")
+
+
 def test_a_long_subnormal_row_keeps_its_gradients_within_a_few_ulp(isa):
     # mean(g * x_hat) over many elements: the per-element path's sum is
     # compensated, so its error does not grow with n.

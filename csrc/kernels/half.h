@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "types.h"
+
 static inline uint32_t rms_float_bits(float f)
 {
     uint32_t u;
@@ -116,6 +118,31 @@ static inline double rms_double_round_to_odd(double hi, double err)
     bits |= 1u;
     memcpy(&hi, &bits, sizeof hi);
     return hi;
+}
+
+/* One element as a double, for per-row and per-call scalar work. */
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+static inline double rms_load_scalar(rms_kind kind, const char *p)
+{
+    uint16_t bits;
+    float f;
+    double d;
+    switch (kind) {
+    case RMS_KIND_F16:
+        memcpy(&bits, p, sizeof bits);
+        return rms_half_to_float(bits);
+    case RMS_KIND_BF16:
+        memcpy(&bits, p, sizeof bits);
+        return rms_bfloat16_to_float(bits);
+    case RMS_KIND_F32:
+        memcpy(&f, p, sizeof f);
+        return f;
+    default:
+        memcpy(&d, p, sizeof d);
+        return d;
+    }
 }
 
 #endif

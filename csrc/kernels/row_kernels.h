@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "dd_math.h"
+#include "exact_sum.h"
 #include "half.h"
 #include "kernels.h"
 

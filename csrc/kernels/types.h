@@ -17,7 +17,7 @@
  * kind: also a case in rms_vf_load, rms_vf_store and rms_vf_narrow16
  * (simd/vec_derived.h), in the conversions and rms_vd_load_widened of
  * every simd/vec_*.h, in rms_kind_size (below) and rms_load_scalar
- * (simd/blocks.h), and in the glue's type_num_of and kind_name.
+ * (half.h), and in the glue's type_num_of and kind_name.
  */
 #ifndef RMSNORM_KERNELS_TYPES_H
 #define RMSNORM_KERNELS_TYPES_H

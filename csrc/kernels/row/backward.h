@@ -74,7 +74,8 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
         rms_lanes_total(&squares, RMS_DOT_LANES, !rms_kind_is_float_exact(xk));
     const rms_dd sum_g_x = rms_lanes_total(&dot, RMS_DOT_LANES, rms_dot_is_compensated(xk, wk));
     rms_scaled_inv scaled = {{0.0, 0.0}, 0};
-    if (rms_sum_needs_rescale(sum_squares.hi)) {
+    if (rms_sum_needs_rescale(sum_squares.hi) ||
+        (eps < 0.0 && rms_mean_cancels(sum_squares.hi, n, eps))) {
         scaled = rms_inv_rms_scaled(xk, n, o->x, o->xs, eps, sum_squares);
     }
     else {

@@ -128,7 +128,12 @@ RMS_ALWAYS_INLINE rms_row_plan rms_row_plan_of(rms_kind xk, rms_kind wk, int wit
                                                int *exact_first)
 {
     rms_row_plan plan = {.sum_error = 0.0};
-    plan.inv_rms = rms_inv_rms_from_sum(sum_squares, (double)n, eps);
+    /* a plain sum's error counts in sum_error (below); float64's
+       compensated one is exact enough unless eps cancels its mean */
+    const int cancels = !rms_kind_is_float_exact(xk) && eps < 0.0 &&
+                        rms_mean_cancels(sum_squares.hi, n, eps);
+    plan.inv_rms = cancels ? rms_exact_inv_rms(xk, n, x, xs, eps)
+                           : rms_inv_rms_from_sum(sum_squares, (double)n, eps);
     plan.mode = rms_write_mode_of(xk, wk, w, plan.inv_rms);
     *exact_first = 0;
     if (rms_kind_is_float_exact(xk)) {

@@ -233,14 +233,19 @@ RMS_ALWAYS_INLINE rms_dd rms_sum_squares(rms_kind xk, int compensated, ptrdiff_t
     return rms_lanes_total(&lanes, RMS_LANES, compensated || !rms_kind_is_float_exact(xk));
 }
 
-/* inv_rms of a row of float32 or narrower values from a compensated sum
-   of squares, as close to exact as float64's, for the rows whose plain
-   sum cannot settle every output (rms_forward_row_plan). Out of line: inlined,
-   it cost the write loops registers. */
+/* inv_rms of a row from a compensated sum of squares, as close to exact as
+   float64's, for the rows whose plain sum cannot settle every output
+   (rms_forward_row_plan); or from the exact sum, where a negative eps
+   cancels the mean (rms_mean_cancels), for those and for float64's. Out of
+   line: inlined, it cost the write loops registers. */
 RMS_NOINLINE rms_dd rms_exact_inv_rms(rms_kind xk, ptrdiff_t n, const char *x, ptrdiff_t xs,
                                       double eps)
 {
-    return rms_inv_rms_from_sum(rms_sum_squares(xk, 1, n, x, xs, 0, 1.0), (double)n, eps);
+    const rms_dd sum = rms_sum_squares(xk, 1, n, x, xs, 0, 1.0);
+    if (eps < 0.0 && rms_mean_cancels(sum.hi, n, eps)) {
+        return rms_inv_rms_exactly(xk, n, x, xs, 1.0, eps);
+    }
+    return rms_inv_rms_from_sum(sum, (double)n, eps);
 }
 
 /*
@@ -331,12 +336,18 @@ typedef struct {
  * square overflows or underflows. Narrower rows get here only as rows of
  * zeros, infinities or NaN. Rare, so out of line: the
  * compiler's own choice to inline it depended on unrelated code, and
- * moved each float64 rows loop's size by tens of kilobytes.
+ * moved each float64 rows loop's size by tens of kilobytes. The backward's
+ * plan sends here too its rows whose eps cancels the mean, whose sum needs
+ * no rescale: their inv_rms comes from the exact sum.
  */
 RMS_NOINLINE rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const char *x,
                                                 ptrdiff_t xs, double eps, rms_dd unscaled)
 {
     rms_scaled_inv result = {{0.0, 0.0}, 0};
+    if (!rms_sum_needs_rescale(unscaled.hi)) {
+        result.inv = rms_inv_rms_exactly(xk, n, x, xs, 1.0, eps);
+        return result;
+    }
     double amax = 0.0;
     for (ptrdiff_t i = 0; i < n; i++) {
         double a = fabs(rms_load_scalar(xk, rms_element(x, i, xs)));
@@ -372,8 +383,11 @@ RMS_NOINLINE rms_scaled_inv rms_inv_rms_scaled(rms_kind xk, ptrdiff_t n, const c
         result.inv = rms_inv_rms_from_sum(zero, (double)n, eps);
         return result;
     }
-    rms_dd scaled = rms_sum_squares(RMS_KIND_F64, 0, n, x, xs, 1, ldexp(1.0, -exponent));
-    result.inv = rms_inv_rms_from_sum(scaled, (double)n, scaled_eps);
+    const double scale = ldexp(1.0, -exponent);
+    const rms_dd scaled = rms_sum_squares(RMS_KIND_F64, 0, n, x, xs, 1, scale);
+    result.inv = scaled_eps < 0.0 && rms_mean_cancels(scaled.hi, n, scaled_eps)
+                     ? rms_inv_rms_exactly(RMS_KIND_F64, n, x, xs, scale, scaled_eps)
+                     : rms_inv_rms_from_sum(scaled, (double)n, scaled_eps);
     result.exponent = -exponent;
     return result;
 }

@@ -23,28 +23,6 @@ RMS_ALWAYS_INLINE char *rms_element_out(char *base, ptrdiff_t i, ptrdiff_t strid
     return base + i * stride;
 }
 
-/* One element as a double, for per-row and per-call scalar work. */
-RMS_ALWAYS_INLINE double rms_load_scalar(rms_kind kind, const char *p)
-{
-    uint16_t bits;
-    float f;
-    double d;
-    switch (kind) {
-    case RMS_KIND_F16:
-        memcpy(&bits, p, sizeof bits);
-        return rms_half_to_float(bits);
-    case RMS_KIND_BF16:
-        memcpy(&bits, p, sizeof bits);
-        return rms_bfloat16_to_float(bits);
-    case RMS_KIND_F32:
-        memcpy(&f, p, sizeof f);
-        return f;
-    default:
-        memcpy(&d, p, sizeof d);
-        return d;
-    }
-}
-
 /* The doubles of a block: RMS_VF_WIDTH consecutive elements of a row. */
 typedef struct {
     rms_vd part[RMS_VD_PER_VF];
