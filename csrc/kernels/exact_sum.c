@@ -13,8 +13,9 @@
    below the top digit. */
 #define RMS_ACC_LOW (-1120)
 #define RMS_ACC_DIGITS 72
-/* Each term adds under 2^33 to a digit: 2^29 terms leave room to spare. */
-#define RMS_ACC_TERMS_BETWEEN_CARRIES ((ptrdiff_t)1 << 29)
+/* Each element adds two terms, each under 2^33 to a digit: carried every
+   2^27 elements, a digit stays under 2^62. */
+#define RMS_ACC_ELEMENTS_BETWEEN_CARRIES ((ptrdiff_t)1 << 27)
 #define RMS_ACC_DIGIT_MASK 0xffffffffu
 
 typedef struct {
@@ -103,7 +104,7 @@ rms_dd rms_inv_rms_exactly(rms_kind kind, ptrdiff_t n, const char *x, ptrdiff_t 
         const double square = v * v;
         rms_accumulate(&acc, square);
         rms_accumulate(&acc, fma(v, v, -square)); /* the square's rounding, exactly */
-        if ((i + 1) % RMS_ACC_TERMS_BETWEEN_CARRIES == 0) {
+        if ((i + 1) % RMS_ACC_ELEMENTS_BETWEEN_CARRIES == 0) {
             rms_carry(&acc);
         }
     }

@@ -33,9 +33,10 @@ RMS_READS_ONLY int rms_mean_cancels(double sum_squares, ptrdiff_t n, double eps)
    from sum((scale x_i)^2) + n eps made exactly, then rounded to a
    double-double (within 2^-104 of it, relative): for n finite values of
    kind, stride xs bytes, scale a power of two, eps finite, and |n eps|
-   below DBL_MAX. Squares below double's normal range, of |scale x| under
-   2^-511, carry the rounding of their underflow, at most 2^-1074 each; so
-   does n eps under 2^-969. */
+   below DBL_MAX. A square under 2^-969 (|scale x| under about 2^-484),
+   or n eps under that, loses what its rounding error has below 2^-1074,
+   and a sum under 2^-900 is divided by n at that scale: a row whose eps
+   cancels its mean down there may still be off (docs/accuracy.md). */
 RMS_READS_ONLY rms_dd rms_inv_rms_exactly(rms_kind kind, ptrdiff_t n, const char *x, ptrdiff_t xs,
                                           double scale, double eps);
 
