@@ -297,11 +297,15 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
    loop or the strided one, a constant each; the write's is with or without
    grad_residual_out (add_residual: a test per block, well predicted; a
    code path each would double the backward's compile time), and with
-   fence, the fence that its streamed stores need. */
+   fence, the fence that its streamed stores need. Plain static, not
+   RMS_NOINLINE: only the table calls them, and gcc folds the ones that
+   compile to the same code into one (a 16-bit x's plan reads the weight
+   widened to doubles, so a float32 weight's is its own kind's), which it
+   does not do for a noinline function: 50 KB less machine code. */
 #define RMS_BACKWARD_STEPS(name, x, weight)                                                   \
-    RMS_NOINLINE void plan_backward_rows_##name(const rms_backward_problem *p,                \
-                                               ptrdiff_t row_begin, ptrdiff_t row_end,        \
-                                               const double *w, rms_backward_plan *plans)     \
+    static void plan_backward_rows_##name(const rms_backward_problem *p,                      \
+                                          ptrdiff_t row_begin, ptrdiff_t row_end,             \
+                                          const double *w, rms_backward_plan *plans)          \
     {                                                                                         \
         const rms_kind xk = RMS_KIND_##x, wk = RMS_KIND_##weight;                             \
         if (rms_backward_rows_are_contiguous(xk, wk, p)) {                                    \
@@ -311,7 +315,7 @@ RMS_ALWAYS_INLINE void rms_write_backward_rows(
             rms_plan_backward_rows_of(xk, wk, 0, p, row_begin, row_end, w, plans);            \
         }                                                                                     \
     }                                                                                         \
-    RMS_NOINLINE void write_backward_rows_##name(                                             \
+    static void write_backward_rows_##name(                                                   \
         const rms_backward_problem *p, ptrdiff_t row_begin, ptrdiff_t row_end,                \
         const rms_backward_plan *plans, ptrdiff_t column_begin, ptrdiff_t column_end,         \
         const double *w, double *grad_weight_partial, ptrdiff_t ahead, ptrdiff_t ahead_end,   \
