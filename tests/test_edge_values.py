@@ -817,6 +817,47 @@ def test_bfloat16_grad_input_where_a_factor_leaves_floats_normal_range(isa, case
                      what=f"grad_input on {isa}")
 
 
+# 16-bit rows whose gradient g = grad_output * w lies along x, so that
+# grad_input = (g - x_hat * mean) / RMS is far smaller than its terms:
+# (name, x, grad_output, eps). Float's roundings of the terms, 2^-24 of
+# them, would outweigh such a grad_input; the float64 reference's, 2^-53,
+# do not.
+_ROWS_ALONG_X = np.random.default_rng(16).uniform(0.5, 2.0, 300)
+GRADIENTS_THAT_CANCEL = {
+    "constant_row": (np.ones(4096), np.ones(4096), 1e-8),
+    "constant_short_row": (np.full(37, 0.75), np.full(37, 0.75), 1e-7),
+    "grad_output_equal_to_x": (_ROWS_ALONG_X, _ROWS_ALONG_X, 1e-5),
+    "grad_output_a_multiple_of_x": (_ROWS_ALONG_X, 4.0 * _ROWS_ALONG_X, 1e-4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRADIENTS_THAT_CANCEL))
+@pytest.mark.parametrize("weight_kind", ["own", "float32"])
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_16bit_grad_input_stays_within_an_ulp_where_the_gradient_cancels(
+        isa, dtype_name, weight_kind, case):
+    """A gradient along x leaves grad_input a small difference of large
+    terms; the vector kernels, which write 16-bit gradients in float, see
+    it in the row's sums and write that row in double, within an ulp of
+    the exact gradient."""
+    if dtype_name == "bfloat16" and BF16 is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    dtype = np.dtype(np.float16) if dtype_name == "float16" else np.dtype(BF16)
+    x_values, grad_values, eps = GRADIENTS_THAT_CANCEL[case]
+    x = x_values[None].astype(dtype)
+    grad = grad_values[None].astype(dtype)
+    weight = np.ones(x.shape[1], dtype if weight_kind == "own" else F32)
+    grad_input, _ = rmsnorm.backward(grad, x, weight, F32(eps))
+    expected, _ = reference.rms_norm_backward(grad.astype(F64), x.astype(F64), x.shape[1],
+                                              weight.astype(F64), float(F32(eps)))
+    terms = np.abs(grad.astype(F64)).max()
+    assert np.abs(expected).max() < 2.0**-8 * terms, "the case's gradient does not cancel"
+    ulp = np.abs(expected.astype(dtype).astype(F64) - np.nextafter(
+        expected.astype(dtype), np.array(np.inf, dtype)).astype(F64))
+    assert np.all(np.abs(grad_input.astype(F64) - expected) <= ulp), (
+        f"grad_input on {isa}: {grad_input.astype(F64)[0, :4]}, exact {expected[0, :4]}")
+
+
 @pytest.mark.skipif(BF16 is None, reason="bfloat16 needs ml_dtypes")
 def test_bfloat16_grad_weight_where_grad_output_times_x_passes_float_range(isa):
     """grad_output * x = 2^140 does not fit a float, yet grad_weight =

@@ -6,13 +6,36 @@
 #ifndef RMSNORM_KERNELS_ROW_BACKWARD_H
 #define RMSNORM_KERNELS_ROW_BACKWARD_H
 
-/* Whether a row's float path (rms_backward_block_float) needs its g =
-   grad_output * w bounded: bfloat16's, whose range is float's. float16's
-   factors stay inside float's normal range (2^-48 to 2^32 for g, x * inv_rms
-   above 2^-124 for x_hat), and the other kinds have no float path. */
-RMS_ALWAYS_INLINE int rms_float_path_needs_g_bound(rms_kind xk)
+/* Whether a row's reduction pass sums g^2 (g = grad_output * w): every
+   16-bit row's where its write may go in float, to see whether its
+   gradient cancels (rms_gradient_cancels_in_float), and bfloat16's to
+   bound g besides (rms_bfloat16_row_fits_float). The other kinds have no
+   float path. */
+RMS_ALWAYS_INLINE int rms_row_sums_g_squares(rms_kind xk)
 {
-    return RMS_HAVE_FMA && xk == RMS_KIND_BF16;
+    return RMS_HAVE_FMA && rms_kind_size(xk) == 2;
+}
+
+/*
+ * Whether a 16-bit row's gradient cancels too far for its write in float:
+ * grad_input = inv_rms * c with c = g - x_hat * mean, and where c is far
+ * smaller than g (a row along x, such as a constant one), float's
+ * roundings of the terms, 2^-24 of them, can outweigh it. Those roundings
+ * come to at most about 2^-22 |g| in norm (|x_hat * mean| <= |g| in norm,
+ * by Cauchy-Schwarz), and sum(c^2) = sum(g^2) - n mean^2 (2 - q), with
+ * sum(x_hat^2) = n q, says how small c is: the float path keeps the rows
+ * where |c| >= 2^-9 |g|, whose error stays under 2^-13 of |c|, and the
+ * others go in double. The difference's own rounding, a few 2^-53 of
+ * sum(g^2), is far below the threshold. NaN (infinite g) does not cancel:
+ * such rows write what they did.
+ */
+RMS_ALWAYS_INLINE int rms_gradient_cancels_in_float(ptrdiff_t n, double inv_rms,
+                                                     double sum_squares, double mean,
+                                                     double sum_g_squares)
+{
+    const double q = inv_rms * inv_rms * sum_squares / (double)n;
+    const double sum_c_squares = sum_g_squares - (double)n * mean * mean * (2.0 - q);
+    return sum_c_squares < 0x1p-18 * sum_g_squares;
 }
 
 /*
@@ -56,7 +79,7 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
     rms_lanes_clear(&dot);
     rms_lanes_clear(&g_squares);
     /* a constant: the other kinds sum no g^2 */
-    rms_lanes *const g_squares_if = rms_float_path_needs_g_bound(xk) ? &g_squares : NULL;
+    rms_lanes *const g_squares_if = rms_row_sums_g_squares(xk) ? &g_squares : NULL;
     const ptrdiff_t size = rms_kind_size(xk);
     ptrdiff_t i = 0;
     for (; i + RMS_DOT_LANES <= n; i += RMS_DOT_LANES) {
@@ -99,9 +122,12 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
        inv_rms and the mean stay well inside float's range. */
     plan.in_float = RMS_HAVE_FMA && rms_kind_size(xk) == 2 && w_as_stored &&
                     inv_rms >= 0x1p-100 && inv_rms <= 0x1p100 && fabs(plan.mean) <= 0x1p100;
-    if (plan.in_float && rms_float_path_needs_g_bound(xk)) {
+    if (plan.in_float) {
         const double sum_g_squares = rms_lanes_total(&g_squares, RMS_DOT_LANES, 0).hi;
-        plan.in_float = rms_bfloat16_row_fits_float(inv_rms, plan.mean, sum_g_squares);
+        plan.in_float =
+            !rms_gradient_cancels_in_float(n, inv_rms, sum_squares.hi, plan.mean,
+                                           sum_g_squares) &&
+            (xk != RMS_KIND_BF16 || rms_bfloat16_row_fits_float(inv_rms, plan.mean, sum_g_squares));
     }
     return plan;
 }
