@@ -7,10 +7,8 @@
 #define RMSNORM_KERNELS_ROW_BACKWARD_H
 
 /* Whether a row's reduction pass sums g^2 (g = grad_output * w): every
-   16-bit row's where its write may go in float, to see whether its
-   gradient cancels (rms_gradient_cancels_in_float), and bfloat16's to
-   bound g besides (rms_bfloat16_row_fits_float). The other kinds have no
-   float path. */
+   16-bit row's where its write may go in float, which sum bounds g
+   (rms_16bit_row_fits_float). The other kinds have no float path. */
 RMS_ALWAYS_INLINE int rms_row_sums_g_squares(rms_kind xk)
 {
     return RMS_HAVE_FMA && rms_kind_size(xk) == 2;
@@ -20,14 +18,17 @@ RMS_ALWAYS_INLINE int rms_row_sums_g_squares(rms_kind xk)
  * Whether a 16-bit row's gradient cancels too far for its write in float:
  * grad_input = inv_rms * c with c = g - x_hat * mean, and where c is far
  * smaller than g (a row along x, such as a constant one), float's
- * roundings of the terms, 2^-24 of them, can outweigh it. Those roundings
- * come to at most about 2^-22 |g| in norm (|x_hat * mean| <= |g| in norm,
- * by Cauchy-Schwarz), and sum(c^2) = sum(g^2) - n mean^2 (2 - q), with
- * sum(x_hat^2) = n q, says how small c is: the float path keeps the rows
- * where |c| >= 2^-9 |g|, whose error stays under 2^-13 of |c|, and the
- * others go in double. The difference's own rounding, a few 2^-53 of
- * sum(g^2), is far below the threshold. NaN (infinite g) does not cancel:
- * such rows write what they did.
+ * roundings of the terms, 2^-24 of them, can outweigh it. In norm,
+ * x_hat * mean is q times g's projection on x_hat, with sum(x_hat^2) = n q
+ * (q is 1 where eps is 0, and near 1 wherever a row is near the threshold
+ * below), so the roundings come to about 2^-22 |g|; and sum(c^2) =
+ * sum(g^2) - n mean^2 (2 - q) says how small c is. The float path keeps
+ * the rows where |c| >= 2^-9 |g|, whose error is then about 2^-13 of |c|,
+ * and the others go in double. The test is the row's, in norm: an element
+ * that cancels alone, in a row that does not, keeps its float error, about
+ * 2^-22 |g| / RMS (docs/accuracy.md). The difference's own rounding, and
+ * the sums', a few 2^-53 of sum(g^2) (below n = 2^35), are far below the
+ * threshold.
  */
 RMS_ALWAYS_INLINE int rms_gradient_cancels_in_float(ptrdiff_t n, double inv_rms,
                                                      double sum_squares, double mean,
@@ -40,27 +41,41 @@ RMS_ALWAYS_INLINE int rms_gradient_cancels_in_float(ptrdiff_t n, double inv_rms,
 
 /*
  * Whether a bfloat16 row's write in float gives what its write in double
- * would, to well under an ulp: where g and x_hat * mean, and so centred
- * and the output, cannot pass float's range, and where what float's
- * subnormal range loses cannot show. Each rounding below 2^-126 is off by
- * up to 2^-150 (where g, x_hat or centred is that small), and the output
- * carries those errors times inv_rms, or inv_rms * |mean| for x_hat's:
- * with inv_rms (2 + |mean|) <= 2^12 they come to at most 2^-138, a
- * thirty-second of bfloat16's least ulp. The mean itself is rounded to a
- * float, which must be 0 or normal: a subnormal one's error, up to 2^-150,
- * would reach the output times inv_rms |x_hat|, which nothing above bounds
- * (x = [8, 2^-40, 0, ...] with eps just above -4 made a grad_input of
- * -1.75 * 2^-126 come out 0). Bounding every |g| by 2^126 through
- * their sum of squares keeps centred = g - x_hat * mean below 2^126 + 2^116
- * (|x_hat| <= sqrt(n), |mean| <= 2^100). The other rows go in double: rows
- * of very small x (inv_rms past 2^11), very large gradients, or g past
- * 2^126.
+ * would, to well under an ulp, as far as float's subnormal range goes:
+ * each rounding below 2^-126 is off by up to 2^-150 (where g, x_hat or
+ * centred is that small), and the output carries those errors times
+ * inv_rms, or inv_rms * |mean| for x_hat's: with inv_rms (2 + |mean|) <=
+ * 2^12 they come to at most 2^-138, a thirty-second of bfloat16's least
+ * ulp. The mean itself is rounded to a float, which must be 0 or normal: a
+ * subnormal one's error, up to 2^-150, would reach the output times
+ * inv_rms |x_hat|, which nothing above bounds (x = [8, 2^-40, 0, ...] with
+ * eps just above -4 made a grad_input of -1.75 * 2^-126 come out 0). The
+ * other rows go in double: rows of very small x (inv_rms past 2^11) or
+ * very large gradients. float16's factors stay inside float's normal
+ * range (2^-48 to 2^32 for g with a float16 weight, x * inv_rms above
+ * 2^-124).
  */
-RMS_ALWAYS_INLINE int rms_bfloat16_row_fits_float(double inv_rms, double mean,
-                                                  double sum_g_squares)
+RMS_ALWAYS_INLINE int rms_bfloat16_row_fits_float(double inv_rms, double mean)
 {
-    return inv_rms * (2.0 + fabs(mean)) <= 0x1p12 && sum_g_squares <= 0x1p252 &&
-           (mean == 0.0 || fabs(mean) >= 0x1p-126);
+    return inv_rms * (2.0 + fabs(mean)) <= 0x1p12 && (mean == 0.0 || fabs(mean) >= 0x1p-126);
+}
+
+/*
+ * Whether a 16-bit row's write in float gives what its write in double
+ * would, to well under an ulp: where g and x_hat * mean, and so centred
+ * and the output, cannot pass float's range, and where its gradient does
+ * not cancel. Bounding every |g| by 2^126 through their sum of squares
+ * keeps centred = g - x_hat * mean below 2^126 + 2^116 (|x_hat| <=
+ * sqrt(n) where eps >= 0, |mean| <= 2^100): bfloat16 and a float32 weight
+ * have float's range, and their g could pass it.
+ */
+RMS_ALWAYS_INLINE int rms_16bit_row_fits_float(rms_kind xk, ptrdiff_t n, double inv_rms,
+                                               double sum_squares, double mean,
+                                               double sum_g_squares)
+{
+    return sum_g_squares <= 0x1p252 &&
+           !rms_gradient_cancels_in_float(n, inv_rms, sum_squares, mean, sum_g_squares) &&
+           (xk != RMS_KIND_BF16 || rms_bfloat16_row_fits_float(inv_rms, mean));
 }
 
 /* A backward row's reduction pass: sum(x^2) and sum(g w x), and from them
@@ -125,9 +140,7 @@ RMS_ALWAYS_INLINE rms_backward_plan rms_backward_row_plan(rms_kind xk, rms_kind 
     if (plan.in_float) {
         const double sum_g_squares = rms_lanes_total(&g_squares, RMS_DOT_LANES, 0).hi;
         plan.in_float =
-            !rms_gradient_cancels_in_float(n, inv_rms, sum_squares.hi, plan.mean,
-                                           sum_g_squares) &&
-            (xk != RMS_KIND_BF16 || rms_bfloat16_row_fits_float(inv_rms, plan.mean, sum_g_squares));
+            rms_16bit_row_fits_float(xk, n, inv_rms, sum_squares.hi, plan.mean, sum_g_squares);
     }
     return plan;
 }
