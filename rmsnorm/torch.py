@@ -286,11 +286,13 @@ def _one(dtype):
     return torch.ones(1, dtype=dtype)
 
 
-# Outputs from this size up are allocated by NumPy, which asks the OS for
-# transparent huge pages on large arrays (madvise); torch's CPU allocator
+# Outputs from this size up ask the OS for transparent huge pages
+# (madvise), as NumPy does for its large arrays; torch's CPU allocator
 # does not unless THP_MEM_ALLOC_ENABLE=1. Writing a fresh 32 MiB output in
 # 4 KiB pages takes 8192 page faults, which cost as much as the kernel
 # itself at 2048x4096 float32 (20 ms against 10 ms, measured on 2 CPUs).
+# The memory stays torch's own, so the outputs grow, share and free as
+# any tensor's do.
 _HUGE_PAGES_MIN_BYTES = 4 << 20
 
 
@@ -298,12 +300,13 @@ def _empty_like(tensor, nbytes: int):
     """A new contiguous tensor of ``tensor``'s shape and dtype (``nbytes``
     bytes), as the fake implementations describe the outputs; the kernels
     take its address."""
-    if nbytes < _HUGE_PAGES_MIN_BYTES:
-        if tensor.is_contiguous():  # the shorter call, when it keeps the layout anyway
-            return torch.empty_like(tensor)
-        return torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    memory = torch.from_numpy(np.empty(nbytes, np.uint8))
-    return memory.view(tensor.dtype).view(tensor.shape)
+    if tensor.is_contiguous():  # the shorter call, when it keeps the layout anyway
+        empty = torch.empty_like(tensor)
+    else:
+        empty = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    if nbytes >= _HUGE_PAGES_MIN_BYTES:
+        _core._advise_huge_pages(empty.data_ptr(), nbytes)
+    return empty
 
 
 # The kernels read an operand as its address alone where it is contiguous,

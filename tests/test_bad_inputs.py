@@ -538,6 +538,10 @@ def _with(args, index, value):
                      "a vector is an address or", id="vector_with_a_row_stride"),
         pytest.param("_backward_buffers", _with(_BACKWARD_ARGS, 5, (0, "16", 4)), TypeError,
                      "integer", id="stride_not_an_integer"),
+        pytest.param("_advise_huge_pages", (0,), TypeError,
+                     r"takes 2 arguments \(1 given\)", id="advice_without_its_size"),
+        pytest.param("_advise_huge_pages", (0, -1), OverflowError,
+                     "negative", id="advice_of_a_negative_size"),
     ],
 )
 def test_raw_buffer_entry_points_refuse_malformed_arguments(name, args, error, text):

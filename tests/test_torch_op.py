@@ -685,8 +685,8 @@ def test_export_holds_the_op():
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_large_outputs_match_torch(path):
-    # 1024 rows of 2048 floats, 8 MiB: outputs this large come from NumPy's
-    # allocator (huge pages), and must work as any tensor does.
+    # 1024 rows of 2048 floats, 8 MiB: outputs this large ask for huge
+    # pages, and must work as any tensor does.
     x, weight, grad_output = (
         torch.from_numpy(a) for a in make_inputs((1024, 2048), (2048,), np.float32, 1e-6)
     )
@@ -694,6 +694,16 @@ def test_large_outputs_match_torch(path):
     y = rt.rms_norm(x, [2048], weight, 1e-6)
     assert y.is_contiguous() and y.nbytes >= rt._HUGE_PAGES_MIN_BYTES
     y.mul_(2)  # writable, in place
+
+
+def test_a_large_output_grows_as_any_tensor_does():
+    # Outputs of 4 MiB and more were NumPy's memory, whose storage torch
+    # cannot resize: out= of a larger result raised.
+    x, weight = torch.randn(1024, 2048), torch.ones(2048)
+    y = rt.rms_norm(x, [2048], weight, 1e-6)
+    assert y.nbytes >= rt._HUGE_PAGES_MIN_BYTES
+    torch.cat([x, x], out=y.resize_(0))
+    torch.testing.assert_close(y, torch.cat([x, x]), rtol=0, atol=0)
 
 
 def test_torch_func_transforms_go_to_torch():

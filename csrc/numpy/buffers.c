@@ -22,6 +22,10 @@
 #include "buffers.h"
 
 #include <stdint.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "../kernels/rms_norm.h"
 #include "gufuncs.h"
@@ -226,5 +230,44 @@ PyObject *rms_backward_buffers(PyObject *module, PyObject *const *args, Py_ssize
         rms_raise_no_memory(failed_bytes, RMS_BACKWARD_SCRATCH, n);
         return NULL;
     }
+    Py_RETURN_NONE;
+}
+
+/*
+ * Asks the OS for transparent huge pages over the whole pages of [address,
+ * address + nbytes), as NumPy does for its arrays of 4 MiB and more: a
+ * fresh output then faults in 2 MiB at a time, not 4 KiB (8192 faults for
+ * 32 MiB cost as much as the kernel itself). A hint: where the OS has no
+ * such advice, or refuses it, nothing changes.
+ */
+PyObject *rms_advise_huge_pages(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        return PyErr_Format(PyExc_TypeError, "_advise_huge_pages() takes 2 arguments (%zd given)",
+                            nargs);
+    }
+    char *address;
+    if (parse_address(args[0], &address) < 0) {
+        return NULL;
+    }
+    const size_t nbytes = PyLong_AsSize_t(args[1]);
+    if (nbytes == (size_t)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page > 0) {
+        const uintptr_t first = (uintptr_t)address, size = (uintptr_t)page;
+        const uintptr_t start = first / size * size + (first % size != 0 ? size : 0);
+        const uintptr_t end = (first + nbytes) / size * size;
+        if (end > start) {
+            (void)madvise((void *)start, end - start, MADV_HUGEPAGE);
+        }
+    }
+#else
+    (void)address;
+    (void)nbytes;
+#endif
     Py_RETURN_NONE;
 }

@@ -21,4 +21,8 @@ PyObject *rms_forward_buffers(PyObject *module, PyObject *const *args, Py_ssize_
                      weight, grad_input, grad_weight, grad_residual_out) -> None */
 PyObject *rms_backward_buffers(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
+/* _advise_huge_pages(address, nbytes) -> None: a hint for a new output's
+   memory, as NumPy gives its large arrays */
+PyObject *rms_advise_huge_pages(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
 #endif

@@ -142,6 +142,11 @@ static PyMethodDef methods[] = {
      "_backward_buffers(type, rows, n, eps, weight_offset, grad_output, x, weight,\n"
      "                  grad_input, grad_weight, grad_residual_out, /)\n\n"
      "The backward kernels on raw buffers, as _forward_buffers."},
+    {"_advise_huge_pages", (PyCFunction)(void (*)(void))rms_advise_huge_pages, METH_FASTCALL,
+     "_advise_huge_pages(address, nbytes, /)\n\n"
+     "Asks for transparent huge pages over the whole pages of a buffer, as\n"
+     "NumPy does for its large arrays (rmsnorm.torch's new outputs). A hint:\n"
+     "nothing changes where the OS does not take it."},
     {"_register_bfloat16", register_bfloat16, METH_O,
      "_register_bfloat16(dtype, /)\n\n"
      "Adds the bfloat16 loops to forward and backward for ml_dtypes.bfloat16.\n"
